@@ -1,0 +1,158 @@
+"""Lucene-compatible English analysis, as Anserini's ``DefaultEnglishAnalyzer`` does it.
+
+The chain (Lucene 9.9.1, the analyzer Pyserini uses for BEIR "flat" BM25):
+
+    StandardTokenizer (UAX#29 word breaks, max token length 255)
+    -> EnglishPossessiveFilter ('s, 'S, ’s, ＇s removed)
+    -> LowerCaseFilter (per code point, Java's Character.toLowerCase)
+    -> StopFilter (Lucene's 33 English stopwords)
+    -> PorterStemFilter (Porter's reference C version; see ``porter.py``)
+
+UAX#29 word segmentation comes from the ``regex`` module's ``(?w)`` default-word-boundary
+mode. StandardTokenizer emits a segment only when it holds a letter, digit, ideograph,
+kana, Hangul or emoji; punctuation-only segments are dropped. The Porter step is
+``porter.porter_stem`` (Lucene's variant, not Snowball's); each distinct token is stemmed
+once (a bounded dict cache).
+
+Parity is checked against Lucene's own term vectors of every SciFact and NFCorpus document
+(``tests/test_analysis_lucene.py``), not only against hand-picked cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+import regex
+
+from .porter import porter_stem
+
+#: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`` (33 words).
+LUCENE_ENGLISH_STOPWORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the "
+    "their then there these they this to was will with".split()
+)
+
+#: StandardAnalyzer.DEFAULT_MAX_TOKEN_LENGTH: longer tokens are split into 255-char pieces.
+MAX_TOKEN_LENGTH = 255
+
+# A UAX#29 segment that starts with a word character (letters, digits, marks, connector
+# punctuation, ideographs, kana) or an emoji/pictograph (Lucene emits © and ® as tokens),
+# up to the next default word boundary.
+# The regex module glues a leading apostrophe (or other mid-word punctuation) to the word
+# after it ("'other" stays one segment), where UAX#29 breaks: the group skips it.
+_SEGMENT = regex.compile(
+    r"(?wV1)\b[\p{WB=MidNumLet}\p{WB=Single_Quote}\p{WB=MidLetter}\p{WB=MidNum}]*"
+    r"((?:\w|\p{Emoji_Presentation}|\p{Extended_Pictographic}|\p{Regional_Indicator}).*?)\b",
+    regex.DOTALL,
+)
+# StandardTokenizer emits no token for a run of connector punctuation alone ("___").
+_CONNECTOR_ONLY = regex.compile(r"[\p{WB=ExtendNumLet}\p{WB=Extend}\p{WB=Format}]+")
+_POSSESSIVE_ENDINGS = ("'s", "'S", "\u2019s", "\u2019S", "\uff07s", "\uff07S")
+# Java's Character.toLowerCase maps each code point to one code point; Python's str.lower
+# maps U+0130 to two and lowercases a word-final capital sigma to ς. Fix those up.
+_JAVA_LOWER_EXCEPTIONS = {"\u0130": "i"}
+
+ANALYZER_NAME = "lucene-english"
+ANALYZER_VERSION = 1  # bump on any change that alters the token stream
+
+# Probe text for the behavioural fingerprint: if a library upgrade changes what the
+# analyzer produces on these, the fingerprint changes and serving refuses the index.
+_FINGERPRINT_PROBE = (
+    "John's O'Neill don't COVID-19 SARS-CoV-2 state-of-the-art 3.14 1,000 v2.0.1 U.S.A. "
+    "john.doe@example.com https://www.example.com/path?q=1 naïve café ΣΑΣ İstanbul ß-catenin "
+    "日本語のテキスト emoji 😀 generalizations studies relational happiness running a the"
+)
+
+
+def _java_lower(token: str) -> str:
+    if token.isascii():
+        return token.lower()
+    out = []
+    for ch in token:
+        low = _JAVA_LOWER_EXCEPTIONS.get(ch)
+        if low is None:
+            low = ch.lower()
+            if len(low) != 1:
+                low = ch
+        out.append(low)
+    return "".join(out)
+
+
+def tokenize_raw(text: str) -> list[str]:
+    """StandardTokenizer + EnglishPossessiveFilter + LowerCaseFilter (no stop, no stem)."""
+    tokens: list[str] = []
+    for seg in _SEGMENT.findall(text):
+        if not seg[0].isalnum() and _CONNECTOR_ONLY.fullmatch(seg):
+            continue
+        pieces = (
+            [seg] if len(seg) <= MAX_TOKEN_LENGTH
+            else [seg[i:i + MAX_TOKEN_LENGTH] for i in range(0, len(seg), MAX_TOKEN_LENGTH)]
+        )
+        for tok in pieces:
+            if tok.endswith(_POSSESSIVE_ENDINGS):
+                tok = tok[:-2]
+                if not tok:
+                    continue
+            tokens.append(_java_lower(tok))
+    return tokens
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """What the analyzer does; stored in the manifest beside the fingerprint."""
+
+    stopwords: bool = True
+    stemmer: str = "porter"  # "porter" or "none"
+
+    def to_dict(self) -> dict:
+        return {"name": ANALYZER_NAME, "version": ANALYZER_VERSION,
+                "stopwords": self.stopwords, "stemmer": self.stemmer}
+
+
+class Analyzer:
+    """Lucene English analysis. Not thread-safe only in its stem cache (benign races)."""
+
+    def __init__(self, config: AnalyzerConfig | None = None):
+        self.config = config or AnalyzerConfig()
+        if self.config.stemmer not in ("porter", "none"):
+            raise ValueError(
+                f"unknown stemmer {self.config.stemmer!r}; choose one of porter, none")
+        self._stopwords = LUCENE_ENGLISH_STOPWORDS if self.config.stopwords else frozenset()
+        self._stemmer = porter_stem if self.config.stemmer == "porter" else None
+        self._cache: dict[str, str] = {}
+
+    def _stem(self, token: str) -> str:
+        got = self._cache.get(token)
+        if got is None:
+            got = self._stemmer(token)
+            if len(self._cache) < 2_000_000:
+                self._cache[token] = got
+        return got
+
+    def analyze(self, text: str) -> list[str]:
+        """The token stream Lucene would index for ``text``."""
+        stop = self._stopwords
+        toks = [t for t in tokenize_raw(text) if t not in stop]
+        if self._stemmer is None:
+            return toks
+        return [self._stem(t) for t in toks]
+
+    def term_counts(self, text: str) -> Counter:
+        return Counter(self.analyze(text))
+
+    def analyze_many(self, texts: Iterable[str]) -> list[list[str]]:
+        return [self.analyze(t) for t in texts]
+
+    def fingerprint(self) -> str:
+        """sha256 over the configuration and the token stream of a fixed probe text."""
+        payload = json.dumps(
+            {"config": self.config.to_dict(), "probe": self.analyze(_FINGERPRINT_PROBE)},
+            ensure_ascii=False, sort_keys=True)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+    def describe(self) -> dict:
+        return {**self.config.to_dict(), "fingerprint": self.fingerprint()}
