@@ -1,0 +1,124 @@
+"""Per-shard lexical postings: term-major CSR arrays, memory-mappable ``.npy`` files.
+
+A shard directory ``lexical/shard-NNNN/`` holds
+
+    terms.parquet   term, df, cf      the shard's vocabulary in sorted order (code point order)
+    indptr.npy      int64 [V+1]       postings of local term i are docs[indptr[i]:indptr[i+1]]
+    docs.npy        int32 [P]         local document ids, ascending within a term
+    tfs.npy         int32 [P]         term frequencies
+    doclen.npy      int32 [n_docs]    exact document lengths (indexed tokens)
+    term_gid.npy    int32 [V]         global term id of each local term (written at finalize)
+
+Global term ids are positions in the globally sorted vocabulary, so ``term_gid`` is
+increasing and serving finds a global term in a shard with one binary search. Ascending
+doc ids inside each term's list keep the layout ready for block-max / MaxScore pruning.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
+
+
+@dataclass(frozen=True)
+class ShardPostings:
+    terms: list[str]
+    df: np.ndarray
+    cf: np.ndarray
+    indptr: np.ndarray
+    docs: np.ndarray
+    tfs: np.ndarray
+    doclen: np.ndarray
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.doclen)
+
+    @property
+    def total_terms(self) -> int:
+        return int(self.doclen.sum())
+
+
+def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
+    """Invert analyzed documents (local id = position in ``token_lists``) into CSR arrays."""
+    vocab: dict[str, int] = {}
+    tids: list[int] = []
+    dids: list[int] = []
+    tfs: list[int] = []
+    doclen = np.zeros(len(token_lists), dtype=np.int32)
+    for local_id, toks in enumerate(token_lists):
+        doclen[local_id] = len(toks)
+        counts: dict[str, int] = {}
+        for t in toks:
+            counts[t] = counts.get(t, 0) + 1
+        for t, c in counts.items():
+            tid = vocab.get(t)
+            if tid is None:
+                tid = vocab[t] = len(vocab)
+            tids.append(tid)
+            dids.append(local_id)
+            tfs.append(c)
+    terms = sorted(vocab)
+    # Remap first-seen ids to sorted order, then sort postings by (term, doc).
+    remap = np.empty(len(vocab), dtype=np.int64)
+    for new, t in enumerate(terms):
+        remap[vocab[t]] = new
+    tid_arr = remap[np.asarray(tids, dtype=np.int64)] if tids else np.zeros(0, np.int64)
+    did_arr = np.asarray(dids, dtype=np.int32)
+    tf_arr = np.asarray(tfs, dtype=np.int32)
+    order = np.lexsort((did_arr, tid_arr))
+    tid_arr, did_arr, tf_arr = tid_arr[order], did_arr[order], tf_arr[order]
+    df = np.bincount(tid_arr, minlength=len(terms)).astype(np.int64)
+    cf = np.bincount(tid_arr, weights=tf_arr, minlength=len(terms)).astype(np.int64)
+    indptr = np.zeros(len(terms) + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_shard(shard_dir: str, p: ShardPostings) -> None:
+    os.makedirs(shard_dir, exist_ok=True)
+    _save_npy(os.path.join(shard_dir, "indptr.npy"), p.indptr)
+    _save_npy(os.path.join(shard_dir, "docs.npy"), p.docs)
+    _save_npy(os.path.join(shard_dir, "tfs.npy"), p.tfs)
+    _save_npy(os.path.join(shard_dir, "doclen.npy"), p.doclen)
+    table = pa.table({"term": pa.array(p.terms, pa.string()),
+                      "df": pa.array(p.df, pa.int64()), "cf": pa.array(p.cf, pa.int64())})
+    pq.write_table(table, os.path.join(shard_dir, "terms.parquet"))
+
+
+def finalize_shard(shard_dir: str, global_terms: np.ndarray) -> None:
+    """Write ``term_gid.npy``: each local term's position in the sorted global vocabulary."""
+    local = pq.read_table(os.path.join(shard_dir, "terms.parquet"), columns=["term"])
+    local_terms = np.asarray(local.column("term").to_pylist(), dtype=object)
+    gid = np.searchsorted(global_terms, local_terms).astype(np.int32)
+    if len(gid) and not np.array_equal(global_terms[np.minimum(gid, len(global_terms) - 1)], local_terms):
+        raise RuntimeError(f"shard {shard_dir}: terms missing from the global vocabulary")
+    _save_npy(os.path.join(shard_dir, "term_gid.npy"), gid)
+
+
+def load_shard(shard_dir: str, mmap: bool = True) -> dict[str, np.ndarray]:
+    mode = "r" if mmap else None
+    names = POSTING_FILES + ("term_gid.npy",)
+    return {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
+
+
+def iter_postings(p: ShardPostings) -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
+    for i, t in enumerate(p.terms):
+        s, e = p.indptr[i], p.indptr[i + 1]
+        yield t, p.docs[s:e], p.tfs[s:e]

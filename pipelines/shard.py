@@ -1,0 +1,88 @@
+"""Building one lexical shard from its rows: dedupe, analyze, invert, write.
+
+Pure (no Ray): the build job calls :func:`build_lexical_shard` once per hash partition,
+and tests call it directly. Duplicate ids inside a shard (all copies of an id hash to the
+same shard) keep the first occurrence in corpus order; later ones become rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .analysis import Analyzer, AnalyzerConfig
+from .postings import build_postings, write_shard
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:04d}"
+
+
+def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
+                        analyzer_config: AnalyzerConfig | None = None) -> dict:
+    """Write ``docs/shard-NNNN.parquet`` and ``lexical/shard-NNNN/`` under ``out_dir``.
+
+    ``rows`` is a dict of equal-length sequences with doc_id, title, text, content_hash,
+    chunk, line. Returns the shard summary (counts, per-document sums for the corpus
+    fingerprint).
+    """
+    analyzer = Analyzer(analyzer_config)
+    n = len(rows["doc_id"])
+    order = np.lexsort((np.asarray(rows["line"], dtype=np.int64), np.asarray(rows["chunk"], dtype=np.int64))) \
+        if n else np.zeros(0, dtype=np.int64)
+    seen: dict[str, tuple[int, int]] = {}
+    keep: list[int] = []
+    rejects = []
+    for i in order:
+        did = str(rows["doc_id"][i])
+        where = (int(rows["chunk"][i]), int(rows["line"][i]))
+        if did in seen:
+            rejects.append({"chunk": where[0], "line": where[1], "doc_id": did,
+                            "reason": "duplicate id", "first": list(seen[did])})
+            continue
+        seen[did] = where
+        keep.append(int(i))
+    doc_ids = [str(rows["doc_id"][i]) for i in keep]
+    titles = [str(rows["title"][i]) for i in keep]
+    texts = [str(rows["text"][i]) for i in keep]
+    hashes = [str(rows["content_hash"][i]) for i in keep]
+    # Pyserini's BEIR "flat" documents: title and text joined by a newline.
+    tokens = [analyzer.analyze(f"{t}\n{x}" if t else x) for t, x in zip(titles, texts)]
+    post = build_postings(tokens)
+    name = shard_name(shard)
+    write_shard(os.path.join(out_dir, "lexical", name), post)
+    os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
+    table = pa.table({
+        "doc_id": pa.array(doc_ids, pa.string()), "title": pa.array(titles, pa.string()),
+        "text": pa.array(texts, pa.string()), "content_hash": pa.array(hashes, pa.string()),
+        "shard": pa.array(np.full(len(keep), shard, dtype=np.int32)),
+        "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
+    })
+    pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=8192)
+    os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
+    with open(os.path.join(work_dir, "rejects", f"{name}.json"), "w") as f:
+        json.dump(rejects, f)
+    return {"shard": shard, "n_docs": len(keep),
+            "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
+            "total_terms": post.total_terms, "n_terms": len(post.terms),
+            "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes)}
+
+
+def corpus_fingerprint_part(doc_ids: list[str], hashes: list[str]) -> str:
+    """Order-independent digest of (doc_id, content_hash) pairs: a sum mod 2**128, as hex.
+
+    Summing per-shard parts gives the same corpus fingerprint whatever the shard count.
+    """
+    import hashlib
+    total = 0
+    for d, h in zip(doc_ids, hashes):
+        total += int.from_bytes(hashlib.sha256(f"{d}\x1f{h}".encode()).digest()[:16], "big")
+    return f"{total % (1 << 128):032x}"
+
+
+def combine_fingerprints(parts: list[str]) -> str:
+    return f"{sum(int(p, 16) for p in parts) % (1 << 128):032x}"

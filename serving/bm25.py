@@ -1,0 +1,184 @@
+"""BM25 as Lucene 9 scores it, over term-major shard postings with global statistics.
+
+    idf(t)     = ln(1 + (N - df + 0.5) / (df + 0.5))                      (Lucene BM25Similarity)
+    score(q,d) = Σ_t w_t · idf(t) · tf / (tf + k1 · (1 - b + b · dl / avgdl))
+
+no (k1 + 1) factor (Lucene 9 dropped it; rank-equivalent). ``dl`` is, by default, the
+document length after Lucene's one-byte norm encoding (``SmallFloat.intToByte4`` then
+``byte4ToInt``): scoring SciFact with it reproduces Lucene's rankings, with exact lengths
+it does not. N is the number of documents with at least one term, avgdl = total terms / N.
+Every shard scores with these global statistics, so a sharded index ranks like one shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+LENGTH_NORMS = ("lucene-byte4", "exact")
+
+
+def _long_to_int4(i: int) -> int:
+    num_bits = i.bit_length()
+    if num_bits < 4:
+        return i
+    shift = num_bits - 4
+    return ((i >> shift) & 0x07) | ((shift + 1) << 3)
+
+
+def _int4_to_long(i: int) -> int:
+    bits = i & 0x07
+    shift = (i >> 3) - 1
+    return bits if shift == -1 else (bits | 0x08) << shift
+
+
+_NUM_FREE_VALUES = 255 - _long_to_int4(2**31 - 1)  # 24
+
+
+def int_to_byte4(i: int) -> int:
+    """Lucene ``SmallFloat.intToByte4``: lossy one-byte encoding of a non-negative int."""
+    if i < 0:
+        raise ValueError("length must be >= 0")
+    if i < _NUM_FREE_VALUES:
+        return i
+    return _NUM_FREE_VALUES + _long_to_int4(i - _NUM_FREE_VALUES)
+
+
+def byte4_to_int(b: int) -> int:
+    """Lucene ``SmallFloat.byte4ToInt``."""
+    if b < _NUM_FREE_VALUES:
+        return b
+    return _NUM_FREE_VALUES + _int4_to_long(b - _NUM_FREE_VALUES)
+
+
+_BYTE4_TABLE = np.array([byte4_to_int(b) for b in range(256)], dtype=np.float64)
+
+
+def lucene_lengths(doclen: np.ndarray) -> np.ndarray:
+    """Decoded Lucene norms for exact lengths (vectorized through a 256-entry table)."""
+    uniq, inv = np.unique(np.asarray(doclen, dtype=np.int64), return_inverse=True)
+    enc = np.array([int_to_byte4(int(u)) for u in uniq], dtype=np.int64)
+    return _BYTE4_TABLE[enc][inv]
+
+
+def idf_lucene(df: np.ndarray | float, n_docs: int) -> np.ndarray:
+    """``ln(1 + (N - df + 0.5) / (df + 0.5))``."""
+    df = np.asarray(df, dtype=np.float64)
+    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+def length_denominator(dl: np.ndarray, avgdl: float, k1: float, b: float) -> np.ndarray:
+    """``k1 · (1 - b + b · dl / avgdl)`` per document."""
+    return k1 * (1.0 - b + b * np.asarray(dl, dtype=np.float64) / avgdl)
+
+
+def term_impacts(tf: np.ndarray, denom_of_docs: np.ndarray) -> np.ndarray:
+    """``tf / (tf + denom)``: the per-posting factor that idf and the query weight scale."""
+    tf = tf.astype(np.float64)
+    return tf / (tf + denom_of_docs)
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    k1: float = 0.9
+    b: float = 0.4
+    length_norm: str = "lucene-byte4"
+
+    def __post_init__(self):
+        if self.k1 < 0:
+            raise ValueError(f"k1 must be >= 0, got {self.k1}")
+        if not 0.0 <= self.b <= 1.0:
+            raise ValueError(f"b must be in [0, 1], got {self.b}")
+        if self.length_norm not in LENGTH_NORMS:
+            raise ValueError(f"unknown length_norm {self.length_norm!r}; choose one of {', '.join(LENGTH_NORMS)}")
+
+
+class ShardScorer:
+    """Scores one shard. Impacts ``tf/(tf+denom)`` are computed once per parameter setting
+    and cached, so a query costs one gather and one ``bincount`` per shard."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], avgdl: float):
+        self.indptr = arrays["indptr"]
+        self.docs = arrays["docs"]
+        self.tfs = arrays["tfs"]
+        self.doclen = arrays["doclen"]
+        self.term_gid = arrays["term_gid"]
+        self.n_docs = len(self.doclen)
+        self.avgdl = avgdl
+        self._impacts: dict[BM25Params, np.ndarray] = {}
+        self._lucene_dl = None
+
+    def lengths(self, params: BM25Params) -> np.ndarray:
+        if params.length_norm == "exact":
+            return self.doclen.astype(np.float64)
+        if self._lucene_dl is None:
+            self._lucene_dl = lucene_lengths(self.doclen)
+        return self._lucene_dl
+
+    def impacts(self, params: BM25Params) -> np.ndarray:
+        imp = self._impacts.get(params)
+        if imp is None:
+            denom = length_denominator(self.lengths(params), self.avgdl, params.k1, params.b)
+            imp = term_impacts(np.asarray(self.tfs), denom[np.asarray(self.docs)])
+            if len(self._impacts) > 8:
+                self._impacts.clear()
+            self._impacts[params] = imp
+        return imp
+
+    def local_terms(self, gids: np.ndarray) -> np.ndarray:
+        """Local term index of each global id, -1 where the shard lacks the term."""
+        if len(self.term_gid) == 0:
+            return np.full(len(gids), -1, dtype=np.int64)
+        pos = np.searchsorted(self.term_gid, gids)
+        pos_c = np.minimum(pos, len(self.term_gid) - 1)
+        return np.where(self.term_gid[pos_c] == gids, pos_c, -1)
+
+    def score(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params) -> np.ndarray | None:
+        """Dense score vector over the shard's documents (None when no term occurs here).
+
+        ``weights`` already include idf: w_t · idf_t.
+        """
+        local = self.local_terms(gids)
+        imp = self.impacts(params)
+        doc_parts, val_parts = [], []
+        for li, w in zip(local, weights):
+            if li < 0:
+                continue
+            s, e = self.indptr[li], self.indptr[li + 1]
+            doc_parts.append(self.docs[s:e])
+            val_parts.append(imp[s:e] * w)
+        if not doc_parts:
+            return None
+        if len(doc_parts) == 1:
+            out = np.zeros(self.n_docs)
+            out[doc_parts[0]] = val_parts[0]
+            return out
+        return np.bincount(np.concatenate(doc_parts), weights=np.concatenate(val_parts),
+                           minlength=self.n_docs)
+
+    def term_freqs(self, gids: np.ndarray, local_id: int) -> np.ndarray:
+        """tf of each global term in one document (0 where absent); for explanations."""
+        out = np.zeros(len(gids), dtype=np.int64)
+        for i, li in enumerate(self.local_terms(gids)):
+            if li < 0:
+                continue
+            s, e = self.indptr[li], self.indptr[li + 1]
+            d = self.docs[s:e]
+            j = np.searchsorted(d, local_id)
+            if j < len(d) and d[j] == local_id:
+                out[i] = self.tfs[s + j]
+        return out
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and scores of the k best positive scores, best first (ties: lower index first)."""
+    nz = np.flatnonzero(scores > 0)
+    if len(nz) == 0:
+        return nz, scores[nz]
+    vals = scores[nz]
+    if len(nz) > k:
+        part = np.argpartition(-vals, k - 1)[:k]
+        nz, vals = nz[part], vals[part]
+    order = np.lexsort((nz, -vals))
+    return nz[order], vals[order]

@@ -1,0 +1,69 @@
+"""The result an agent gets: a short readable summary plus structured hits and a trace.
+
+The same object is returned by the Python API, the CLI (``--json``), HTTP and MCP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved document.
+
+    ``docno`` is the index-internal document number, ``shard << 32 | local_id``; it is
+    what FAISS ids and postings use. ``doc_id`` is the corpus id.
+    """
+
+    doc_id: str
+    rank: int
+    score: float
+    title: str = ""
+    snippet: str = ""
+    matched_terms: tuple[str, ...] = ()
+    why: str = ""
+    docno: int = -1
+    explain: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["matched_terms"] = list(self.matched_terms)
+        return d
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    query: str
+    mode: str
+    summary: str
+    hits: tuple[Hit, ...]
+    trace: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": self.query, "mode": self.mode, "summary": self.summary,
+                "hits": [h.to_dict() for h in self.hits], "trace": self.trace}
+
+
+def docno(shard: int, local_id: int) -> int:
+    return (int(shard) << 32) | int(local_id)
+
+
+def split_docno(n: int) -> tuple[int, int]:
+    return int(n) >> 32, int(n) & 0xFFFFFFFF
+
+
+def summarize(query: str, mode: str, hits: list[Hit] | tuple[Hit, ...], note: str = "") -> str:
+    """Text an LLM can read directly: one line per hit with why it matched."""
+    if not hits:
+        msg = f"No documents found for {query!r} ({mode})."
+        return f"{msg} {note}".strip()
+    lines = [f"Found {len(hits)} documents for {query!r} ({mode}):"]
+    for h in hits:
+        title = h.title or h.doc_id
+        why = f" — {h.why}" if h.why else ""
+        lines.append(f"{h.rank}. [{h.doc_id}] {title}{why}")
+    if note:
+        lines.append(note)
+    return "\n".join(lines)

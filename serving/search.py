@@ -1,0 +1,209 @@
+"""The one ``search()`` every front end calls (Python, CLI, HTTP, MCP).
+
+    from funnel.serving.search import open_index
+    ix = open_index("INDEX_ROOT")
+    res = ix.search("what causes anemia", mode="bm25", k=10)
+    print(res.summary); res.hits[0].doc_id; res.trace
+
+``Searcher`` follows CURRENT: ``refresh()`` (called by the HTTP server between requests)
+swaps in a newly published version without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import regex
+
+from .bm25 import BM25Params
+from .index import IndexVersion, resolve_version_dir
+from .lexical import BM25Retriever, Scored
+from .result import Hit, SearchResult, summarize
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_CHARS = 4096
+MAX_K = 1000
+
+
+class SearchError(ValueError):
+    """Bad search input (maps to HTTP 400 / an MCP tool error)."""
+
+
+class ModeUnavailable(SearchError):
+    """The mode exists but this index or configuration cannot serve it."""
+
+
+_SENTENCE = regex.compile(r"(?<=[.!?])\s+")
+
+
+def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], max_chars: int = 300) -> str:
+    """The sentence with the most matched terms (first one on ties), cut to ``max_chars``."""
+    if not text:
+        return ""
+    best, best_n = None, -1
+    for sent in _SENTENCE.split(text)[:200]:
+        n = len(matched.intersection(analyze(sent))) if matched else 0
+        if n > best_n:
+            best, best_n = sent, n
+    best = best or text
+    return best if len(best) <= max_chars else best[: max_chars - 1].rsplit(" ", 1)[0] + "…"
+
+
+class Searcher:
+    """Answers queries over an index root; see the module docstring."""
+
+    def __init__(self, root: str, version: str | None = None, verify: str = "sizes",
+                 embedder=None, reranker=None, chat=None):
+        self.root = root
+        self._verify = verify
+        self._pinned = version
+        self.embedder = embedder
+        self.reranker = reranker
+        self.chat = chat
+        self._lock = threading.Lock()
+        self._open(version)
+
+    def _open(self, version: str | None) -> None:
+        ix = IndexVersion(self.root, version, verify=self._verify)
+        self.index = ix
+        self.bm25 = BM25Retriever(ix)
+        self._dense = None
+
+    @property
+    def version(self) -> str:
+        return self.index.version
+
+    def refresh(self) -> bool:
+        """Reopen if CURRENT now names another version. Returns True when it switched."""
+        if self._pinned is not None:
+            return False
+        target = resolve_version_dir(self.root)
+        if target == self.index.dir:
+            return False
+        with self._lock:
+            if target != self.index.dir:
+                old = self.index.version
+                self._open(None)
+                log.info("switched from %s to %s", old, self.index.version)
+                return True
+        return False
+
+    # -- modes ---------------------------------------------------------------------------
+    def modes(self) -> dict[str, Callable]:
+        return {"bm25": self._run_bm25, "dense": self._run_dense, "hybrid": self._run_hybrid,
+                "sira": self._run_sira}
+
+    def _check(self, query: Any, mode: str, k: int) -> str:
+        if not isinstance(query, str) or not query.strip():
+            raise SearchError("empty query: pass the text to search for")
+        if len(query) > MAX_QUERY_CHARS:
+            raise SearchError(f"query has {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+        if mode not in self.modes():
+            raise SearchError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes())}")
+        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise SearchError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+        return query.strip()
+
+    def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
+               **options) -> SearchResult:
+        """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...)."""
+        query = self._check(query, mode, k)
+        t0 = time.perf_counter()
+        scored, trace, note, matched_fn = self.modes()[mode](query, k, options)
+        trace = {"version": self.version, **trace}
+        hits = self._hits(query, scored, matched_fn, explain)
+        trace["timings_ms"] = {**trace.get("timings_ms", {}),
+                               "total": round((time.perf_counter() - t0) * 1000, 3)}
+        return SearchResult(query, mode, summarize(query, mode, hits, note), tuple(hits), trace)
+
+    def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100,
+                     **options) -> dict[str, list[tuple[str, float]]]:
+        """{qid: [(doc_id, score), ...]} for a run file; no explanations or snippets."""
+        out = {}
+        for qid, q in queries.items():
+            q = self._check(q, mode, k)
+            scored = self.modes()[mode](q, k, options)[0]
+            out[qid] = [(self.index.docs.doc_id(s.docno), s.score) for s in scored]
+        return out
+
+    def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
+        hits = []
+        for rank, s in enumerate(scored, start=1):
+            doc = self.index.docs.get(s.docno)
+            detail = matched_fn(s.docno) if (explain and matched_fn) else {}
+            terms = tuple(detail.get("terms", {}))
+            hits.append(Hit(doc_id=doc["doc_id"], rank=rank, score=round(s.score, 6), title=doc["title"],
+                            snippet=snippet(doc["text"], set(terms), self.index.analyzer.analyze) if explain else "",
+                            matched_terms=terms, why=detail.get("why", ""), docno=s.docno,
+                            explain=detail))
+        return hits
+
+    def _bm25_params(self, options: dict) -> BM25Params:
+        d = self.index.manifest.get("bm25", {})
+        return BM25Params(k1=float(options.pop("k1", d.get("k1", 0.9))),
+                          b=float(options.pop("b", d.get("b", 0.4))),
+                          length_norm=options.pop("length_norm", d.get("length_norm", "lucene-byte4")))
+
+    def _run_bm25(self, query: str, k: int, options: dict):
+        options = dict(options)
+        params = self._bm25_params(options)
+        t = time.perf_counter()
+        terms = self.bm25.query_terms(query)
+        scored = self.bm25.search_weighted(dict(terms), k, params)
+        trace = {"bm25": {"k1": params.k1, "b": params.b, "length_norm": params.length_norm,
+                          "query_terms": dict(terms)},
+                 "timings_ms": {"bm25": round((time.perf_counter() - t) * 1000, 3)}}
+        note = ""
+        if not terms:
+            note = ("The query has no searchable words: every word is a stopword or punctuation "
+                    "(for example 'the', 'of', 'is'). Add content words.")
+        elif not scored:
+            note = "None of the query's terms occur in this collection: " + ", ".join(terms)
+
+        def matched(n: int) -> dict:
+            ex = self.bm25.explain(dict(terms), n, params)
+            top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
+            why = "matched " + ", ".join(f"{t} (tf {v['tf']}, df {v['df']})" for t, v in top[:5])
+            return {"terms": dict(top), "why": why}
+
+        return scored, trace, note, matched
+
+    def _run_dense(self, query: str, k: int, options: dict):
+        raise ModeUnavailable("mode 'dense' needs an index built with --dense")
+
+    def _run_hybrid(self, query: str, k: int, options: dict):
+        raise ModeUnavailable("mode 'hybrid' needs an index built with --dense")
+
+    def _run_sira(self, query: str, k: int, options: dict):
+        raise ModeUnavailable("mode 'sira' is not available yet in this funnel version")
+
+    # -- documents and statistics ----------------------------------------------------------
+    def get_document(self, doc_id: str) -> dict | None:
+        n = self.index.docs.docno_of(doc_id)
+        return None if n is None else self.index.docs.get(n)
+
+    def term_stats(self, terms: list[str]) -> list[dict]:
+        """df / idf / cf for each analyzed form of ``terms``; never passages."""
+        from .bm25 import idf_lucene
+        ix = self.index
+        out = []
+        for raw in terms:
+            for t in ix.analyzer.analyze(raw) or [None]:
+                if t is None:
+                    out.append({"term": raw, "analyzed": None, "df": 0, "cf": 0, "idf": None,
+                                "note": "stopword or no searchable characters"})
+                    continue
+                g = ix.vocab.get(t)
+                df = int(ix.df[g]) if g is not None else 0
+                out.append({"term": raw, "analyzed": t, "df": df, "cf": int(ix.cf[g]) if g is not None else 0,
+                            "idf": float(idf_lucene(df, ix.n_docs_nonempty)), "n_docs": ix.n_docs})
+        return out
+
+
+def open_index(root: str, **kwargs) -> Searcher:
+    """Open the CURRENT version of ``root`` (see :class:`Searcher`)."""
+    return Searcher(root, **kwargs)
