@@ -66,7 +66,7 @@ def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str):
         os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
         with open(os.path.join(work_dir, "rejects", f"chunk-{chunk.index:06d}.json"), "w") as f:
             json.dump({"chunk": chunk.index, "path": chunk.path, "lines": res.lines,
-                       "rejects": res.rejects}, f)
+                       "rows": len(res.rows), "rejects": res.rejects}, f)
         for r in res.rows:
             r["shard"] = shard_of(r["doc_id"], n_shards)
         return res.rows
@@ -86,6 +86,16 @@ def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict):
         return {k: [v] for k, v in s.items()}
 
     return build
+
+
+def _valid_rows(work_dir: str) -> int:
+    rdir = os.path.join(work_dir, "rejects")
+    n = 0
+    for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
+        if name.startswith("chunk-"):
+            with open(os.path.join(rdir, name)) as f:
+                n += json.load(f).get("rows", 0)
+    return n
 
 
 def _collect_rejects(work_dir: str, out_path: str) -> int:
@@ -130,7 +140,7 @@ def _collect_rejects(work_dir: str, out_path: str) -> int:
 def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str = "auto",
           id_field: str | None = None, title_field: str = "title", text_field: str = "text",
           keep_versions: int | None = None, dense: bool = False, embed_model: str | None = None,
-          embed_batch_size: int = 64, chunk_bytes: int = 16 << 20, num_cpus: int | None = None) -> BuildReport:
+          embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring."""
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish
@@ -158,9 +168,16 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
         t = time.time()
         ds = ray.data.from_items([c.to_dict() for c in chunks], override_num_blocks=max(1, len(chunks)))
         ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work))
-        summaries = (ds.groupby("shard")
-                     .map_groups(_shard_fn(staging, work, analyzer.config.to_dict()), batch_format="numpy")
-                     .take_all())
+        try:
+            summaries = (ds.groupby("shard", num_partitions=shards)
+                         .map_groups(_shard_fn(staging, work, analyzer.config.to_dict()), batch_format="numpy")
+                         .take_all())
+        except Exception as e:
+            # Ray Data's shuffle fails on a dataset with no rows at all: say what happened.
+            if _valid_rows(work) == 0:
+                raise BuildError(f"no valid documents in {corpus}; nothing published "
+                                 f"(see the reasons with --strict or in the rejects)") from e
+            raise
         timings["read_analyze_shard"] = round(time.time() - t, 2)
         by_shard = {int(s["shard"]): s for s in summaries}
         empty = {"doc_id": [], "title": [], "text": [], "content_hash": [], "chunk": [], "line": []}

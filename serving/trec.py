@@ -1,0 +1,270 @@
+"""Read and write the evaluation files: TREC runs, qrels and BEIR queries.
+
+Why: every evaluation in funnel (metrics, paired comparison, answer coverage) works on
+plain files, so that a run from funnel, Pyserini/Anserini or any other system can be
+compared without an index. The formats are:
+
+* **TREC run**: one line per retrieved document, ``qid Q0 docid rank score tag``
+  (whitespace separated). trec_eval ignores the ``rank`` column and re-sorts each query
+  by ``score`` descending, breaking ties by ``docid`` in *descending* string order;
+  :func:`write_run` writes ranks 1..n in score-descending order with ties broken by
+  ``docid`` ascending (see :func:`ranked_docids` for the order the metrics use).
+* **qrels**: BEIR ``qrels/<split>.tsv`` (``query-id<TAB>corpus-id<TAB>score`` with a
+  header line) or TREC qrels (``qid 0 docid rel``). Relevance is an integer grade;
+  a document is relevant when its grade is >= 1 (trec_eval's default).
+* **queries**: BEIR ``queries.jsonl`` (``{"_id", "text", "metadata"?}`` per line), or a
+  ``qid<TAB>text`` file.
+
+Files ending in ``.gz`` are read and written gzip-compressed. Malformed lines raise a
+``ValueError`` that names the file, the line number and the expected format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
+
+Run = dict[str, dict[str, float]]
+Qrels = dict[str, dict[str, int]]
+
+PathLike = str | os.PathLike[str]
+
+_BEIR_QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+
+def open_text(path: PathLike, mode: str = "r") -> TextIO:
+    """Open ``path`` as UTF-8 text, through gzip when it ends in ``.gz``."""
+    if str(path).endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+    return open(path, mode, encoding="utf-8", newline="\n" if "w" in mode else None)
+
+
+def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, stripped_line)`` for the non-blank lines of ``path``."""
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            line = line.strip()
+            if line:
+                yield lineno, line
+
+
+def ranked_docids(scores: Mapping[str, float], k: int | None = None) -> list[str]:
+    """Doc ids of one query in trec_eval's ranking order, optionally cut at ``k``.
+
+    Parameters
+    ----------
+    scores : Mapping[str, float]
+        ``{docid: score}`` for one query.
+    k : int, optional
+        Keep only the first ``k`` documents.
+
+    Returns
+    -------
+    list[str]
+        Sorted by score descending, ties by docid ascending: the order funnel ranks in and
+        Anserini's tie rule. (trec_eval itself breaks ties by docid descending; the metrics
+        hand it rank-based scores in this order, so every cut agrees with the written run.)
+    """
+    order = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    docids = [d for d, _ in order]
+    return docids if k is None else docids[:k]
+
+
+def read_run(path: PathLike) -> Run:
+    """Read a TREC run file (plain or ``.gz``).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        File with lines ``qid Q0 docid rank score tag``.
+
+    Returns
+    -------
+    dict[str, dict[str, float]]
+        ``{qid: {docid: score}}``; the rank column is ignored, as trec_eval does.
+
+    Raises
+    ------
+    ValueError
+        A line without 6 columns, a non-numeric score, or the same (qid, docid) twice.
+    """
+    run: Run = {}
+    for lineno, line in _lines(path):
+        parts = line.split()
+        if len(parts) != 6:
+            raise ValueError(
+                f"{path}:{lineno}: expected 6 columns 'qid Q0 docid rank score tag', "
+                f"got {len(parts)}: {line!r}; is this a TREC run file?"
+            )
+        qid, _, docid, _, score_s, _ = parts
+        try:
+            score = float(score_s)
+        except ValueError:
+            raise ValueError(
+                f"{path}:{lineno}: score {score_s!r} is not a number (column 5 of "
+                f"'qid Q0 docid rank score tag')"
+            ) from None
+        docs = run.setdefault(qid, {})
+        if docid in docs:
+            raise ValueError(
+                f"{path}:{lineno}: document {docid!r} appears twice for query {qid!r}; "
+                "a run lists each document once per query, deduplicate the run"
+            )
+        docs[docid] = score
+    logger.debug("read run %s: %d queries", path, len(run))
+    return run
+
+
+def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], tag: str) -> None:
+    """Write ``run`` as a TREC run file (gzip-compressed when ``path`` ends in ``.gz``).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Output file; its parent directory must exist.
+    run : Mapping[str, Mapping[str, float]]
+        ``{qid: {docid: score}}``; queries are written in the mapping's order.
+    tag : str
+        The run tag (last column); no whitespace.
+
+    Notes
+    -----
+    Ranks are 1-based, by score descending, ties by docid ascending. Scores are written
+    with ``repr`` so that :func:`read_run` gives back exactly the same floats.
+    """
+    if not tag or any(ch.isspace() for ch in tag):
+        raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
+    with open_text(path, "w") as f:
+        for qid, docs in run.items():
+            for docid in (qid, *docs):
+                if not docid or any(ch.isspace() for ch in str(docid)):
+                    raise ValueError(
+                        f"query {qid!r}: id {docid!r} is empty or contains whitespace, "
+                        "which a TREC run cannot represent"
+                    )
+            ordered = sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))
+            for rank, (docid, score) in enumerate(ordered, start=1):
+                score = float(score)
+                if math.isnan(score):
+                    raise ValueError(f"query {qid!r}, document {docid!r}: score is NaN; fix the scorer")
+                f.write(f"{qid} Q0 {docid} {rank} {score!r} {tag}\n")
+
+
+def _parse_grade(value: str, path: PathLike, lineno: int) -> int:
+    try:
+        grade = float(value)
+    except ValueError:
+        grade = math.nan
+    if not math.isfinite(grade) or grade != int(grade):
+        raise ValueError(f"{path}:{lineno}: relevance {value!r} is not an integer grade")
+    return int(grade)
+
+
+def read_qrels(path: PathLike) -> Qrels:
+    """Read relevance judgements in BEIR tsv or TREC qrels format.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        BEIR ``query-id corpus-id score`` (header line optional) or TREC
+        ``qid iter docid rel``; the format is detected from the first line.
+
+    Returns
+    -------
+    dict[str, dict[str, int]]
+        ``{qid: {docid: grade}}``, including grade-0 judgements.
+
+    Raises
+    ------
+    ValueError
+        A line with the wrong number of columns, a non-integer grade, or the same
+        (qid, docid) judged twice with different grades.
+    """
+    qrels: Qrels = {}
+    ncols: int | None = None
+    for lineno, line in _lines(path):
+        parts = line.split()
+        if ncols is None:
+            if tuple(p.lower() for p in parts) == _BEIR_QRELS_HEADER:
+                ncols = 3
+                continue
+            if len(parts) not in (3, 4):
+                raise ValueError(
+                    f"{path}:{lineno}: cannot tell the qrels format from {line!r}; expected "
+                    "BEIR 'query-id corpus-id score' or TREC 'qid 0 docid rel'"
+                )
+            ncols = len(parts)
+        if len(parts) != ncols:
+            fmt = "BEIR 'query-id corpus-id score'" if ncols == 3 else "TREC 'qid 0 docid rel'"
+            raise ValueError(f"{path}:{lineno}: expected {ncols} columns ({fmt}), got {len(parts)}: {line!r}")
+        qid, docid, grade_s = (parts[0], parts[1], parts[2]) if ncols == 3 else (parts[0], parts[2], parts[3])
+        grade = _parse_grade(grade_s, path, lineno)
+        docs = qrels.setdefault(qid, {})
+        if docs.get(docid, grade) != grade:
+            raise ValueError(
+                f"{path}:{lineno}: query {qid!r} document {docid!r} judged {docs[docid]} "
+                f"and {grade}; keep one judgement per pair"
+            )
+        docs[docid] = grade
+    if ncols is None:
+        raise ValueError(f"{path}: no judgements found; is it the right qrels file?")
+    return qrels
+
+
+def read_query_records(path: PathLike) -> dict[str, dict[str, Any]]:
+    """Read a BEIR ``queries.jsonl`` keeping every field.
+
+    Returns
+    -------
+    dict[str, dict]
+        ``{qid: record}`` where ``record`` is the parsed JSON object
+        (``_id``, ``text`` and, when present, ``metadata``).
+    """
+    records: dict[str, dict[str, Any]] = {}
+    for lineno, line in _lines(path):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}:{lineno}: not valid JSON ({exc.msg}); expected one query object per line"
+            ) from None
+        if not isinstance(rec, dict) or "_id" not in rec or not isinstance(rec.get("text"), str):
+            raise ValueError(f"{path}:{lineno}: a query needs '_id' and a string 'text', got {line[:120]!r}")
+        qid = str(rec["_id"])
+        if qid in records:
+            raise ValueError(f"{path}:{lineno}: query id {qid!r} appears twice")
+        records[qid] = rec
+    return records
+
+
+def read_queries(path: PathLike) -> dict[str, str]:
+    """Read queries as ``{qid: text}``.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        BEIR ``queries.jsonl`` (plain or ``.gz``), or a ``qid<TAB>text`` file (``.tsv``).
+
+    Returns
+    -------
+    dict[str, str]
+        Query text by id; metadata is dropped (see :func:`read_query_records`).
+    """
+    name = str(path).removesuffix(".gz")
+    if name.endswith((".tsv", ".txt")):
+        queries: dict[str, str] = {}
+        for lineno, line in _lines(path):
+            qid, sep, text = line.partition("\t")
+            if not sep:
+                raise ValueError(f"{path}:{lineno}: expected 'qid<TAB>text', got {line[:120]!r}")
+            queries[qid] = text.strip()
+        return queries
+    return {qid: rec["text"] for qid, rec in read_query_records(path).items()}

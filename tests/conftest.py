@@ -1,0 +1,62 @@
+"""Shared fixtures: one local Ray per test session, small real corpora, built indexes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+BEIR = os.path.join(SHARED, "beir")
+LUCENE = os.path.join(SHARED, "reference", "lucene")
+
+
+def need_shared(*parts: str) -> str:
+    """Path under ../shared/data, or skip with the reason (CI and developers have it)."""
+    p = os.path.join(SHARED, *parts)
+    if not os.path.exists(p):
+        pytest.skip(f"{p} is absent: the shared BEIR data is needed for this test")
+    return p
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(r if isinstance(r, str) else json.dumps(r))
+            f.write("\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory) -> str:
+    from funnel.pipelines.demo import write_demo_corpus
+    p = tmp_path_factory.mktemp("demo") / "corpus.jsonl"
+    write_demo_corpus(str(p), max_docs=400)
+    return str(p)
+
+
+@pytest.fixture(scope="session")
+def demo_index_1(ray_session, demo_corpus, tmp_path_factory) -> str:
+    from funnel.jobs.build_index import build
+    root = str(tmp_path_factory.mktemp("ix1"))
+    build(demo_corpus, root, shards=1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def demo_index_4(ray_session, demo_corpus, tmp_path_factory) -> str:
+    from funnel.jobs.build_index import build
+    root = str(tmp_path_factory.mktemp("ix4"))
+    build(demo_corpus, root, shards=4)
+    return root
