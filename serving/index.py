@@ -21,7 +21,7 @@ from funnel.pipelines.postings import load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import load_vocabulary
 
-from .bm25 import ShardScorer
+from .bm25 import ShardScorer, idf_lucene
 from .result import docno, split_docno
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,15 @@ class DocStore:
             self.doc_ids.append(ids)
             for i, d in enumerate(ids):
                 self._by_id[d] = docno(s, i)
+        # Position of each document's id in the sorted list of all ids: score ties are broken
+        # by doc_id ascending (as Anserini does) with integer compares.
+        all_ids = np.concatenate(self.doc_ids) if self.doc_ids else np.zeros(0, dtype=object)
+        rank = np.empty(len(all_ids), dtype=np.int64)
+        rank[np.argsort(all_ids, kind="stable")] = np.arange(len(all_ids))
+        bounds = np.cumsum([0] + [len(x) for x in self.doc_ids])
+        self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
+        self._all_ids = all_ids
+        self._bounds = bounds
         self._text: dict[int, dict[str, list]] = {}
         self._lock = threading.Lock()
 
@@ -69,6 +78,11 @@ class DocStore:
     def doc_id(self, n: int) -> str:
         s, i = split_docno(n)
         return self.doc_ids[s][i]
+
+    def doc_ids_of(self, docnos: np.ndarray) -> list[str]:
+        """Vectorized ``doc_id`` for an array of docnos."""
+        docnos = np.asarray(docnos, dtype=np.int64)
+        return self._all_ids[self._bounds[docnos >> 32] + (docnos & 0xFFFFFFFF)].tolist()
 
     def docno_of(self, doc_id: str) -> int | None:
         return self._by_id.get(doc_id)
@@ -120,6 +134,7 @@ class IndexVersion:
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(terms)}
         self.df = df
         self.cf = cf
+        self.idf = idf_lucene(df, self.n_docs_nonempty)
         self.shards = [ShardScorer(load_shard(os.path.join(self.dir, "lexical", shard_name(s))), self.avgdl)
                        for s in range(self.n_shards)]
         self.docs = DocStore(self.dir, self.n_shards)

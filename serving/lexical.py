@@ -14,7 +14,6 @@ import numpy as np
 
 from .bm25 import BM25Params, idf_lucene
 from .index import IndexVersion
-from .result import docno
 
 
 @dataclass(frozen=True)
@@ -41,30 +40,43 @@ class BM25Retriever:
             if g is None or w == 0:
                 continue
             gids.append(g)
-            ws.append(w * float(idf_lucene(ix.df[g], ix.n_docs_nonempty)))
+            ws.append(w)
             kept.append(t)
-        return np.asarray(gids, dtype=np.int64), np.asarray(ws, dtype=np.float64), kept
+        gids_a = np.asarray(gids, dtype=np.int64)
+        return gids_a, np.asarray(ws, dtype=np.float64) * ix.idf[gids_a], kept
 
     def search_weighted(self, terms: dict[str, float], k: int, params: BM25Params | None = None) -> list[Scored]:
+        dn, sc = self.search_arrays(terms, k, params)
+        return [Scored(int(n), float(v)) for n, v in zip(dn, sc)]
+
+    def search_arrays(self, terms: dict[str, float], k: int,
+                      params: BM25Params | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(docnos, scores) of the top ``k``, best first; ties by doc_id ascending."""
         params = params or BM25Params()
         gids, ws, _ = self.weights(terms)
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         if len(gids) == 0:
-            return []
-        cands: list[tuple[float, str, int]] = []
+            return empty
         ix = self.index
+        scores_parts, docno_parts, tie_parts = [], [], []
         for s, shard in enumerate(ix.shards):
             scores = shard.score(gids, ws, params)
             if scores is None:
                 continue
-            nz = np.flatnonzero(scores > 0)
+            nz = np.flatnonzero(scores)
             if len(nz) > k:
                 # Keep every document tied with the k-th score so the global tie-break is exact.
-                kth = np.partition(scores[nz], len(nz) - k)[len(nz) - k]
-                nz = nz[scores[nz] >= kth]
-            ids = ix.docs.doc_ids[s]
-            cands.extend((float(scores[i]), ids[i], docno(s, int(i))) for i in nz)
-        cands.sort(key=lambda c: (-c[0], c[1]))
-        return [Scored(n, sc) for sc, _, n in cands[:k]]
+                vals = scores[nz]
+                kth = np.partition(vals, len(nz) - k)[len(nz) - k]
+                nz = nz[vals >= kth]
+            scores_parts.append(scores[nz])
+            docno_parts.append((np.int64(s) << 32) | nz.astype(np.int64))
+            tie_parts.append(ix.docs.id_rank[s][nz])
+        if not scores_parts:
+            return empty
+        sc = np.concatenate(scores_parts)
+        order = np.lexsort((np.concatenate(tie_parts), -sc))[:k]
+        return np.concatenate(docno_parts)[order], sc[order]
 
     def search(self, query: str, k: int = 10, params: BM25Params | None = None) -> list[Scored]:
         return self.search_weighted(dict(self.query_terms(query)), k, params)
