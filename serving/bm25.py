@@ -109,6 +109,9 @@ class ShardScorer:
         self.avgdl = avgdl
         self._impacts: dict[BM25Params, np.ndarray] = {}
         self._lucene_dl = None
+        self.use_kernel = True
+        import threading
+        self._tls = threading.local()
 
     def lengths(self, params: BM25Params) -> np.ndarray:
         if params.length_norm == "exact":
@@ -158,6 +161,30 @@ class ShardScorer:
             return out
         return np.bincount(np.concatenate(doc_parts), weights=np.concatenate(val_parts),
                            minlength=self.n_docs)
+
+    def top_candidates(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params,
+                       k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Local ids and scores of the shard's top ``k`` (all ties at the k-th score kept)."""
+        from .kernels import HAVE_NUMBA, accumulate_topk
+        if HAVE_NUMBA and self.use_kernel:
+            local = self.local_terms(gids)
+            acc = getattr(self._tls, "acc", None)
+            if acc is None:
+                acc = self._tls.acc = np.zeros(self.n_docs)
+            ids, vals = accumulate_topk(self.indptr, self.docs, self.impacts(params), local,
+                                        np.ascontiguousarray(weights, dtype=np.float64), acc, k)
+            pos = vals > 0
+            return ids[pos], vals[pos]
+        scores = self.score(gids, weights, params)
+        if scores is None:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        nz = np.flatnonzero(scores)
+        vals = scores[nz]
+        if len(nz) > k:
+            kth = np.partition(vals, len(nz) - k)[len(nz) - k]
+            keep = vals >= kth
+            nz, vals = nz[keep], vals[keep]
+        return nz, vals
 
     def term_freqs(self, gids: np.ndarray, local_id: int) -> np.ndarray:
         """tf of each global term in one document (0 where absent); for explanations."""

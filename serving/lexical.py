@@ -60,16 +60,10 @@ class BM25Retriever:
         ix = self.index
         scores_parts, docno_parts, tie_parts = [], [], []
         for s, shard in enumerate(ix.shards):
-            scores = shard.score(gids, ws, params)
-            if scores is None:
+            nz, vals = shard.top_candidates(gids, ws, params, k)
+            if len(nz) == 0:
                 continue
-            nz = np.flatnonzero(scores)
-            if len(nz) > k:
-                # Keep every document tied with the k-th score so the global tie-break is exact.
-                vals = scores[nz]
-                kth = np.partition(vals, len(nz) - k)[len(nz) - k]
-                nz = nz[vals >= kth]
-            scores_parts.append(scores[nz])
+            scores_parts.append(vals)
             docno_parts.append((np.int64(s) << 32) | nz.astype(np.int64))
             tie_parts.append(ix.docs.id_rank[s][nz])
         if not scores_parts:

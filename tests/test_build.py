@@ -190,3 +190,15 @@ def test_parquet_corpus_matches_jsonl(ray_session, demo_corpus, demo_index_1, tm
     m1 = json.load(open(os.path.join(demo_index_1, read_current(demo_index_1), "manifest.json")))
     m2 = json.load(open(os.path.join(tmp_path / "ix", read_current(str(tmp_path / "ix")), "manifest.json")))
     assert m1["corpus"]["fingerprint"] == m2["corpus"]["fingerprint"]  # independent of shards and format
+
+
+def test_numba_kernel_equals_numpy_reference(demo_index_4):
+    from funnel.serving.kernels import HAVE_NUMBA
+    fast, ref = open_index(demo_index_4), open_index(demo_index_4)
+    for s in ref.index.shards:
+        s.use_kernel = False
+    assert HAVE_NUMBA  # numba is a declared dependency; the NumPy path is the reference
+    for q in QUERIES:
+        a, b = fast.search_batch({"q": q}, k=30)["q"], ref.search_batch({"q": q}, k=30)["q"]
+        assert [d for d, _ in a] == [d for d, _ in b]
+        np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-12)
