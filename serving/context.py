@@ -1,0 +1,204 @@
+"""The context optimizer: turn ranked passages into the context an LLM reads.
+
+DESIGN.md "Hybrid retrieval", step 6 (after qmd): merge overlapping or adjacent chunks of
+the same document, drop duplicates, fit a token budget, and order the result "U-shaped".
+
+* **Merge**: passages of one document whose character spans overlap or are at most
+  ``merge_gap`` characters apart become one passage; its score is the maximum of theirs.
+* **Deduplicate**: passages whose whitespace- and case-normalized text is identical (the
+  same text under two document ids) keep only the best-scoring one.
+* **Budget**: passages are taken best-first while ``Σ count_tokens(text) ≤ budget``; the
+  first one that does not fit is cut at the last sentence end (or else word boundary)
+  that fits, and packing stops there.
+* **U-shape** (Liu et al. 2023, "Lost in the Middle": models use the start and the end of
+  a context best): for passages p1 ≥ p2 ≥ ... ≥ pn by score the order is
+  ``p1, p3, p4, ..., pn, p2``.
+
+The default token counter is ``approx_tokens``: ``ceil(4/3 · words)``, OpenAI's rule of
+thumb of ~0.75 English words per BPE token; pass a real tokenizer's counter for exactness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+logger = logging.getLogger(__name__)
+
+#: Tokens per whitespace word in ``approx_tokens``.
+TOKENS_PER_WORD = 4 / 3
+#: Passages at most this many characters apart in one document are merged.
+MERGE_GAP = 1
+#: Text put between two merged passages that do not touch.
+GAP_SEPARATOR = " "
+#: A truncated last passage shorter than this many tokens is dropped instead.
+MIN_TRUNCATED_TOKENS = 8
+#: Cut at a sentence end only if that keeps at least this fraction of the words that fit.
+MIN_SENTENCE_FRACTION = 0.5
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+
+
+def approx_tokens(text: str, tokens_per_word: float = TOKENS_PER_WORD) -> int:
+    """``ceil(tokens_per_word · number of whitespace words)``."""
+    return math.ceil(len(text.split()) * tokens_per_word)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A span ``[start, end)`` of a document's text; ``text`` is exactly that span."""
+
+    doc_id: str
+    start: int
+    end: int
+    text: str
+    score: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"passage of {self.doc_id!r} has span [{self.start}, {self.end}); "
+                             "need 0 <= start <= end")
+        if len(self.text) != self.end - self.start:
+            raise ValueError(
+                f"passage of {self.doc_id!r} has {len(self.text)} characters of text for span "
+                f"[{self.start}, {self.end}); text must be document[start:end] "
+                "(use start=0, end=len(text) for a passage without offsets)")
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def merge_passages(passages: list[Passage], merge_gap: int = MERGE_GAP,
+                   separator: str = GAP_SEPARATOR) -> list[Passage]:
+    """Merge overlapping or near-adjacent spans of the same document (score = max)."""
+    by_doc: dict[str, list[Passage]] = {}
+    for p in passages:
+        by_doc.setdefault(p.doc_id, []).append(p)
+    out = []
+    for doc_id, ps in by_doc.items():
+        ps.sort(key=lambda p: (p.start, -p.end))
+        cur = ps[0]
+        for p in ps[1:]:
+            if p.start > cur.end + merge_gap:
+                out.append(cur)
+                cur = p
+            elif p.end <= cur.end:  # contained
+                cur = replace(cur, score=max(cur.score, p.score))
+            else:
+                if p.start >= cur.end:  # touching or within the gap
+                    gap = p.start - cur.end
+                    # The gap's characters are unknown: stand in a separator, keeping
+                    # len(text) == end - start.
+                    filler = (separator * gap)[:gap] if gap else ""
+                    text = cur.text + filler + p.text
+                else:
+                    text = cur.text + p.text[cur.end - p.start:]
+                cur = Passage(doc_id, cur.start, p.end, text, max(cur.score, p.score))
+        out.append(cur)
+    return out
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def drop_duplicates(passages: list[Passage]) -> list[Passage]:
+    """Keep the best-scoring passage of each normalized text."""
+    best: dict[str, Passage] = {}
+    for p in sorted(passages, key=_best_first):
+        best.setdefault(_normalized(p.text), p)
+    dropped = len(passages) - len(best)
+    if dropped:
+        logger.debug("context: dropped %d duplicate passages", dropped)
+    return list(best.values())
+
+
+def _best_first(p: Passage) -> tuple:
+    return (-p.score, p.doc_id, p.start)
+
+
+def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int],
+                       min_sentence_fraction: float = MIN_SENTENCE_FRACTION) -> str:
+    """The longest prefix of ``text`` within ``budget`` tokens, cut at a sentence end if
+    one keeps at least ``min_sentence_fraction`` of it, else at a word boundary."""
+    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    lo, hi = 0, len(ends)  # binary search the number of words that fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(text[:ends[mid - 1]]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        return ""
+    prefix = text[:ends[lo - 1]]
+    sentence_ends = [m.end() for m in _SENTENCE_END.finditer(prefix + " ")]
+    if sentence_ends:
+        cut = sentence_ends[-1]
+        if len(prefix[:cut].split()) >= min_sentence_fraction * lo:
+            return prefix[:cut]
+    return prefix
+
+
+def u_shape(passages: list[Passage]) -> list[Passage]:
+    """Best first, second-best last, the rest in the middle in descending order."""
+    ranked = sorted(passages, key=_best_first)
+    if len(ranked) < 3:
+        return ranked
+    return [ranked[0], *ranked[2:], ranked[1]]
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def pack_context(passages: list[Passage], budget_tokens: int,
+                 count_tokens: Callable[[str], int] = approx_tokens,
+                 merge_gap: int = MERGE_GAP, min_truncated_tokens: int = MIN_TRUNCATED_TOKENS,
+                 u_shaped: bool = True) -> list[Passage]:
+    """Merge, deduplicate, fit to ``budget_tokens`` and order passages for an LLM.
+
+    Parameters
+    ----------
+    passages
+        Candidate passages with their retrieval (or rerank) scores.
+    budget_tokens
+        Upper bound on ``Σ count_tokens(p.text)`` over the result (separators the caller
+        adds between passages are not counted).
+    count_tokens
+        Token counter; ``approx_tokens`` by default (see the module docstring).
+    merge_gap
+        Spans of one document at most this many characters apart are merged.
+    min_truncated_tokens
+        A truncated last passage smaller than this is dropped.
+    u_shaped
+        Order "U-shaped" (default) or plainly best first.
+
+    Returns
+    -------
+    list[Passage]
+        The packed passages; a truncated one has ``end`` moved to its new length.
+    """
+    if budget_tokens < 0:
+        raise ValueError(f"budget_tokens must be >= 0, got {budget_tokens}")
+    candidates = sorted(drop_duplicates(merge_passages(list(passages), merge_gap))
+                        if passages else [], key=_best_first)
+    kept: list[Passage] = []
+    used = 0
+    for p in candidates:
+        n = count_tokens(p.text)
+        if used + n <= budget_tokens:
+            kept.append(p)
+            used += n
+            continue
+        left = budget_tokens - used
+        if left >= min_truncated_tokens:
+            text = truncate_to_budget(p.text, left, count_tokens).rstrip()
+            if text and count_tokens(text) >= min_truncated_tokens:
+                kept.append(replace(p, end=p.start + len(text), text=text))
+        logger.debug("context: budget %d reached after %d of %d passages", budget_tokens,
+                     len(kept), len(candidates))
+        break
+    return u_shape(kept) if u_shaped else kept
