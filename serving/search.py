@@ -71,7 +71,12 @@ class Searcher:
         ix = IndexVersion(self.root, version, verify=self._verify)
         self.index = ix
         self.bm25 = BM25Retriever(ix)
-        self._dense = None
+        from .hybrid import DenseMode, HybridConfig
+        self.dense_mode = DenseMode(ix, self.embedder)
+        hy = dict(ix.manifest.get("hybrid") or {})
+        if "top_rank_bonus" in hy and hy["top_rank_bonus"] is not None:
+            hy["top_rank_bonus"] = tuple(hy["top_rank_bonus"])
+        self.hybrid_config = HybridConfig(**hy)
 
     @property
     def version(self) -> str:
@@ -132,10 +137,16 @@ class Searcher:
                 out[qid] = list(zip(self.index.docs.doc_ids_of(dn), sc.tolist()))
             return out
         run_mode = self.modes()[mode]
-        for qid, q in queries.items():
-            q = self._check(q, mode, k)
-            scored = run_mode(q, k, options)[0]
-            out[qid] = [(self.index.docs.doc_id(s.docno), s.score) for s in scored]
+        items = list(queries.items())
+        for start in range(0, len(items), 256):
+            chunk = [(qid, self._check(q, mode, k)) for qid, q in items[start:start + 256]]
+            if mode in ("dense", "hybrid"):
+                from .hybrid import prefill_query_vectors
+                self._need_dense(mode)
+                prefill_query_vectors(self, [q for _, q in chunk])
+            for qid, q in chunk:
+                scored = run_mode(q, k, options)[0]
+                out[qid] = [(self.index.docs.doc_id(s.docno), s.score) for s in scored]
         return out
 
     def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
@@ -180,11 +191,20 @@ class Searcher:
 
         return scored, trace, note, matched
 
+    def _need_dense(self, mode: str) -> None:
+        if not self.dense_mode.available:
+            raise ModeUnavailable(f"mode {mode!r} needs dense vectors, and index {self.version} was built "
+                                  "without them: rebuild with `funnel build ... --dense`")
+
     def _run_dense(self, query: str, k: int, options: dict):
-        raise ModeUnavailable("mode 'dense' needs an index built with --dense")
+        from .hybrid import run_dense
+        self._need_dense("dense")
+        return run_dense(self, query, k, options)
 
     def _run_hybrid(self, query: str, k: int, options: dict):
-        raise ModeUnavailable("mode 'hybrid' needs an index built with --dense")
+        from .hybrid import run_hybrid
+        self._need_dense("hybrid")
+        return run_hybrid(self, query, k, options)
 
     def _run_sira(self, query: str, k: int, options: dict):
         raise ModeUnavailable("mode 'sira' is not available yet in this funnel version")

@@ -1,0 +1,197 @@
+"""Dense and hybrid modes: the wide-then-narrow funnel over the lexical and dense lists.
+
+    hybrid(q) = [rerank + position blend]( fuse( BM25 top-N, dense top-N ) )[:k]  (+ context pack)
+
+Fusion is RRF (k=60, top-rank bonus, DESIGN.md) by default or the convex mix of min-max
+scores; every constant comes from the index manifest's ``hybrid`` section or the query's
+options. The explain trace of each hit is the ``Fused``/``Blended`` object that scored it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .fusion import BLEND_TIERS, RRF_K, TOP_RANK_BONUS, convex, position_blend, rrf
+from .lexical import Scored
+
+log = logging.getLogger(__name__)
+
+FUSIONS = ("rrf", "convex")
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Hybrid parameters; choose them on train/dev data, never on test."""
+
+    fusion: str = "rrf"
+    candidates: int = 100        # depth of each list
+    rrf_k: float = RRF_K
+    bm25_weight: float = 1.0
+    dense_weight: float = 1.0
+    top_rank_bonus: tuple[float, float] | None = TOP_RANK_BONUS
+    alpha: float = 0.55          # convex: weight of BM25 (DESIGN.md: chosen on SciFact train)
+    rerank_depth: int = 40       # fused candidates the reranker re-reads
+    chunk_tokens: int = 256
+
+    @classmethod
+    def from_options(cls, base: "HybridConfig", options: dict) -> "HybridConfig":
+        kw = {f: options.pop(f) for f in list(options) if f in cls.__dataclass_fields__}
+        if "top_rank_bonus" in kw and kw["top_rank_bonus"] in (None, False, 0, "none"):
+            kw["top_rank_bonus"] = None
+        elif "top_rank_bonus" in kw:
+            kw["top_rank_bonus"] = tuple(kw["top_rank_bonus"])
+        cfg = cls(**{**base.__dict__, **kw})
+        if cfg.fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {cfg.fusion!r}; choose one of {', '.join(FUSIONS)}")
+        if not 1 <= cfg.candidates <= 1000:
+            raise ValueError(f"candidates must be in 1..1000, got {cfg.candidates}")
+        return cfg
+
+
+class DenseMode:
+    """Opens the dense index of a version lazily, with a query-time provider matching it."""
+
+    def __init__(self, index, embedder=None):
+        self.index = index
+        self.embedder = embedder
+        self._dense = None
+        self._lock = threading.Lock()
+
+    @property
+    def available(self) -> bool:
+        return bool(self.index.manifest.get("dense"))
+
+    def dense(self):
+        if self._dense is None:
+            with self._lock:
+                if self._dense is None:
+                    import os
+
+                    from funnel.pipelines.embed import make_provider
+
+                    from .dense import DenseIndex
+                    m = self.index.manifest["dense"]
+                    provider = self.embedder
+                    if provider is None:
+                        fp = m["fingerprint"]
+                        keys = ("kind", "model", "normalize", "query_prompt", "document_prompt")
+                        spec = {k: fp[k] for k in keys if k in fp}
+                        if spec.get("kind", "sentence-transformers") == "sentence-transformers":
+                            spec["device"] = "cpu"
+                        provider = make_provider(spec)
+                    self._dense = DenseIndex.open(os.path.join(self.index.dir, "dense"), m, provider)
+        return self._dense
+
+    def search(self, query: str, k: int, nprobe: int | None = None) -> list[Scored]:
+        return [Scored(n, s) for n, s in self.dense().search(query, k, nprobe)]
+
+
+def fuse(cfg: HybridConfig, bm25: list[Scored], dense: list[Scored]):
+    """The fused list (``Fused`` objects keyed by docno), best first."""
+    if cfg.fusion == "rrf":
+        return rrf({"bm25": [s.docno for s in bm25], "dense": [s.docno for s in dense]}, k=cfg.rrf_k,
+                   weights={"bm25": cfg.bm25_weight, "dense": cfg.dense_weight},
+                   top_rank_bonus=cfg.top_rank_bonus)
+    return convex({"bm25": {s.docno: s.score for s in bm25}, "dense": {s.docno: s.score for s in dense}},
+                  weights={"bm25": cfg.alpha, "dense": 1.0 - cfg.alpha})
+
+
+def rerank(reranker, query: str, fused, docs, query_terms: set[str], analyze, cfg: HybridConfig):
+    """Rerank the best-matching chunk of the top ``rerank_depth`` fused docs; blend by position."""
+    from .rerank import best_chunk
+    head = fused[:cfg.rerank_depth]
+    chunks = []
+    for f in head:
+        d = docs.get(f.key)
+        text = f"{d['title']}\n{d['text']}" if d["title"] else d["text"]
+        chunks.append(best_chunk(query_terms, text, analyze, chunk_tokens=cfg.chunk_tokens,
+                                 stride=max(1, cfg.chunk_tokens // 2))[2])
+    scored = reranker.rerank(query, chunks, top_n=len(chunks))
+    scores = {head[i].key: float(s) for i, s in scored}
+    return position_blend(fused, scores, tiers=BLEND_TIERS)
+
+
+def run_hybrid(searcher, query: str, k: int, options: dict):
+    """Mode function for ``Searcher``: (scored, trace, note, explain_fn)."""
+    options = dict(options)
+    cfg = HybridConfig.from_options(searcher.hybrid_config, options)
+    nprobe = options.pop("nprobe", None)
+    params = searcher._bm25_params(options)
+    timings = {}
+    t = time.perf_counter()
+    terms = dict(searcher.bm25.query_terms(query))
+    bm = searcher.bm25.search_weighted(terms, cfg.candidates, params)
+    timings["bm25"] = _ms(t)
+    t = time.perf_counter()
+    dn = searcher.dense_mode.search(query, cfg.candidates, nprobe)
+    timings["dense"] = _ms(t)
+    t = time.perf_counter()
+    fused = fuse(cfg, bm, dn)
+    timings["fusion"] = _ms(t)
+    final = fused
+    reranked = False
+    if searcher.reranker is not None and options.pop("rerank", True):
+        t = time.perf_counter()
+        final = rerank(searcher.reranker, query, fused, searcher.index.docs, set(terms),
+                       searcher.index.analyzer.analyze, cfg)
+        timings["rerank"] = _ms(t)
+        reranked = True
+    by_key = {f.key: f for f in final[:k]}
+    scored = [Scored(f.key, f.score) for f in final[:k]]
+    trace = {"hybrid": {**{k_: v for k_, v in cfg.__dict__.items()}, "reranker":
+                        getattr(searcher.reranker, "name", None) if reranked else None,
+                        "bm25_hits": len(bm), "dense_hits": len(dn)},
+             "timings_ms": timings}
+
+    def explain(n: int) -> dict:
+        ex = by_key[n].explain()
+        lex = searcher.bm25.explain(terms, n, params)
+        ranks = ex.get("ranks") or {}
+        parts = [f"{lst} rank {r}" for lst, r in sorted(ranks.items(), key=lambda kv: kv[1])]
+        why = ("; ".join(parts) if parts else f"fused rank {ex.get('fused_rank')}")
+        if lex:
+            why += " — matched " + ", ".join(list(lex)[:5])
+        if ex.get("rerank_score") is not None:
+            why += f"; rerank {ex['rerank_score']:.3f}"
+        return {"terms": lex, "why": why, "fusion": ex}
+
+    return scored, trace, "", explain
+
+
+def run_dense(searcher, query: str, k: int, options: dict):
+    t = time.perf_counter()
+    scored = searcher.dense_mode.search(query, k, options.get("nprobe"))
+    trace = {"dense": {"model": searcher.index.manifest["dense"]["fingerprint"]["model"],
+                       "nprobe": options.get("nprobe") or searcher.index.manifest["dense"].get("nprobe")},
+             "timings_ms": {"dense": _ms(t)}}
+
+    def explain(n: int) -> dict:
+        s = next((x.score for x in scored if x.docno == n), None)
+        return {"why": f"semantic similarity {s:.3f} (cosine, {trace['dense']['model']})", "terms": {}}
+
+    return scored, trace, "", explain
+
+
+def _ms(t: float) -> float:
+    return round((time.perf_counter() - t) * 1000, 3)
+
+
+def prefill_query_vectors(searcher, texts: list[str]) -> None:
+    """Embed many queries in one model call and seed the dense index's query cache."""
+    d = searcher.dense_mode.dense()
+    todo = [t for t in dict.fromkeys(texts) if t not in d._cache]
+    if not todo:
+        return
+    encode = getattr(d.provider, "_encode", None)
+    prompt = getattr(d.provider, "query_prompt", "")
+    vecs = encode([prompt + t for t in todo]) if encode else [d.provider.embed_query(t) for t in todo]
+    with d._lock:
+        for t, v in zip(todo, vecs):
+            d._cache[t] = np.asarray(v, dtype=np.float32)
+        while len(d._cache) > max(d.cache_size, len(todo)):
+            d._cache.popitem(last=False)
