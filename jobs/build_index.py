@@ -223,7 +223,7 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
         if dense:
             t = time.time()
             from funnel.jobs.embed_stage import run_dense_stage
-            manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size)
+            manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs)
             timings["dense"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         version = publish(out, staging, manifest, keep=keep_versions)

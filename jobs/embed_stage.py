@@ -55,7 +55,7 @@ def _write_group_fn(dense_dir: str):
 
 def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_size: int = 64,
                     cache_dir: str | None = "default", factory: str | None = None,
-                    nlist: int | None = None) -> dict:
+                    nlist: int | None = None, n_docs: int | None = None) -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section."""
     import ray
 
@@ -78,7 +78,9 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
              "GPU" if gpus else "CPU")
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
-    ds = ray.data.read_parquet(os.path.join(staging, "docs"),
+    # Enough blocks to keep every actor busy (Ray would read small shard files as one block).
+    blocks = max(shards, 4 * pool["concurrency"], (n_docs or 0) // (4 * batch_size))
+    ds = ray.data.read_parquet(os.path.join(staging, "docs"), override_num_blocks=min(blocks, 2000),
                                columns=["title", "text", "content_hash", "shard", "local_id"])
     ds = ds.map_batches(EmbedBatch, fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir},
                         batch_size=batch_size, batch_format="numpy", **pool)

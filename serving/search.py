@@ -117,10 +117,14 @@ class Searcher:
                **options) -> SearchResult:
         """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...)."""
         query = self._check(query, mode, k)
+        options = dict(options)
+        context_tokens = options.pop("context_tokens", None)
         t0 = time.perf_counter()
         scored, trace, note, matched_fn = self.modes()[mode](query, k, options)
         trace = {"version": self.version, **trace}
         hits = self._hits(query, scored, matched_fn, explain)
+        if context_tokens:
+            trace["context"] = self._context(hits, int(context_tokens))
         trace["timings_ms"] = {**trace.get("timings_ms", {}),
                                "total": round((time.perf_counter() - t0) * 1000, 3)}
         return SearchResult(query, mode, summarize(query, mode, hits, note), tuple(hits), trace)
@@ -160,6 +164,19 @@ class Searcher:
                             matched_terms=terms, why=detail.get("why", ""), docno=s.docno,
                             explain=detail))
         return hits
+
+    def _context(self, hits: list[Hit], budget: int, chunk_tokens: int = 256) -> list[dict]:
+        """Best chunk of each hit, merged, fitted to ``budget`` tokens, U-shaped (context.py)."""
+        from .context import Passage, pack_context
+        from .rerank import best_chunk
+        passages = []
+        for h in hits:
+            doc = self.index.docs.get(h.docno)
+            start, end, text = best_chunk(set(h.matched_terms), doc["text"], self.index.analyzer.analyze,
+                                          chunk_tokens=chunk_tokens, stride=chunk_tokens // 2)
+            passages.append(Passage(h.doc_id, start, end, text, float(h.score)))
+        return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
+                for p in pack_context(passages, budget)]
 
     def _bm25_params(self, options: dict) -> BM25Params:
         d = self.index.manifest.get("bm25", {})

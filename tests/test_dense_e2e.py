@@ -1,0 +1,76 @@
+"""Dense and hybrid modes end to end: a real Ray build with MiniLM embeddings into FAISS,
+served through the same Searcher as BM25."""
+
+import json
+import os
+
+import pytest
+
+from funnel.jobs.build_index import build
+from funnel.serving.search import ModeUnavailable, SearchError, open_index
+
+
+@pytest.fixture(scope="module")
+def dense_index(ray_session, demo_corpus, tmp_path_factory):
+    small = tmp_path_factory.mktemp("dsmall") / "c.jsonl"
+    with open(demo_corpus) as f, open(small, "w") as g:
+        for _, line in zip(range(150), f):
+            g.write(line)
+    root = str(tmp_path_factory.mktemp("dix"))
+    build(str(small), root, shards=2, dense=True)
+    return root
+
+
+def test_dense_and_hybrid_modes(dense_index):
+    ix = open_index(dense_index)
+    m = ix.index.manifest["dense"]
+    assert m["ntotal"] == 150 and m["fingerprint"]["model"].endswith("all-MiniLM-L6-v2")
+    q = "split a string into shell-like tokens"
+    dense = ix.search(q, mode="dense", k=5)
+    assert len(dense.hits) == 5 and dense.hits[0].why.startswith("semantic similarity")
+    assert [h.score for h in dense.hits] == sorted((h.score for h in dense.hits), reverse=True)
+    hyb = ix.search(q, mode="hybrid", k=5, context_tokens=300)
+    assert len(hyb.hits) == 5
+    top = hyb.hits[0].explain["fusion"]
+    # The explanation is the fused score's own terms: Σ contributions + bonus == score.
+    assert sum(top["contributions"].values()) + top["bonus"] == pytest.approx(top["fused_score"], abs=1e-12)
+    assert hyb.hits[0].score == pytest.approx(top["fused_score"], abs=1e-6)
+    assert set(top["ranks"]) <= {"bm25", "dense"}
+    assert hyb.trace["hybrid"]["fusion"] == "rrf" and "dense" in hyb.trace["timings_ms"]
+    assert hyb.trace["context"] and sum(len(c["text"].split()) for c in hyb.trace["context"]) <= 300
+    conv = ix.search(q, mode="hybrid", k=5, fusion="convex")
+    assert conv.trace["hybrid"]["fusion"] == "convex"
+    with pytest.raises(ValueError, match="unknown fusion 'max'; choose one of rrf, convex"):
+        ix.search(q, mode="hybrid", fusion="max")
+
+
+def test_batch_dense_equals_single(dense_index):
+    ix = open_index(dense_index)
+    qs = {"a": "read a csv file", "b": "hash a password securely", "c": "sort items with a heap"}
+    batch = ix.search_batch(qs, mode="dense", k=5)
+    for qid, q in qs.items():
+        single = [(h.doc_id, h.score) for h in ix.search(q, mode="dense", k=5).hits]
+        assert [d for d, _ in batch[qid]] == [d for d, _ in single]
+
+
+def test_fingerprint_mismatch_is_refused(dense_index):
+    class Other:
+        name, dim = "other-model", 384
+
+        def fingerprint(self):
+            return {"kind": "sentence-transformers", "model": "other-model", "dim": 384, "normalize": True,
+                    "query_prompt": "", "document_prompt": ""}
+
+        def embed_query(self, text):  # pragma: no cover - never reached
+            raise AssertionError
+
+    ix = open_index(dense_index, embedder=Other())
+    with pytest.raises(ValueError, match="all-MiniLM-L6-v2"):
+        ix.search("anything", mode="dense")
+
+
+def test_dense_modes_need_a_dense_index(demo_index_1):
+    ix = open_index(demo_index_1)
+    for mode in ("dense", "hybrid"):
+        with pytest.raises(ModeUnavailable, match="--dense"):
+            ix.search("x", mode=mode)
