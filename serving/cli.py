@@ -96,6 +96,7 @@ def cmd_eval(a) -> int:
 def cmd_demo(a) -> int:
     from funnel.pipelines.demo import write_demo_corpus
     from funnel.jobs.build_index import build
+    os.makedirs(a.out, exist_ok=True)
     corpus = os.path.join(a.out, "..", "demo-corpus.jsonl")
     n = write_demo_corpus(corpus)
     print(f"demo corpus: {n} Python standard-library docstrings -> {os.path.normpath(corpus)}")

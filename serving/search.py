@@ -54,25 +54,69 @@ def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], m
 
 
 class Searcher:
-    """Answers queries over an index root; see the module docstring."""
+    """Answers queries over an index root; see the module docstring.
+
+    Each call works on one :class:`VersionSearcher`, taken once at its start, so a
+    concurrent ``refresh()`` never mixes two versions inside one query.
+    """
 
     def __init__(self, root: str, version: str | None = None, verify: str = "sizes",
                  embedder=None, reranker=None, chat=None):
         self.root = root
         self._verify = verify
         self._pinned = version
+        self._embedder = embedder
+        self._reranker = reranker
+        self._chat = chat
+        self._lock = threading.Lock()
+        self._current = self._open(version)
+
+    def _open(self, version: str | None) -> "VersionSearcher":
+        return VersionSearcher(IndexVersion(self.root, version, verify=self._verify),
+                               self._embedder, self._reranker, self._chat)
+
+    def __getattr__(self, name: str):
+        # Everything else (search, search_batch, index, bm25, ...) is the current version's.
+        if name.startswith("__") or name == "_current":
+            raise AttributeError(name)
+        return getattr(self._current, name)
+
+    @property
+    def reranker(self):
+        return self._reranker
+
+    @reranker.setter
+    def reranker(self, value) -> None:
+        self._reranker = value
+        self._current.reranker = value
+
+    def refresh(self) -> bool:
+        """Reopen if CURRENT now names another version. Returns True when it switched."""
+        if self._pinned is not None:
+            return False
+        target = resolve_version_dir(self.root)
+        if target == self._current.index.dir:
+            return False
+        with self._lock:
+            if target != self._current.index.dir:
+                old = self._current.version
+                self._current = self._open(None)
+                log.info("switched from %s to %s", old, self._current.version)
+                return True
+        return False
+
+
+class VersionSearcher:
+    """Search over one opened index version (immutable apart from caches)."""
+
+    def __init__(self, ix: IndexVersion, embedder=None, reranker=None, chat=None):
+        from .hybrid import DenseMode, HybridConfig
+        self.index = ix
         self.embedder = embedder
         self.reranker = reranker
         self.chat = chat
-        self._lock = threading.Lock()
-        self._open(version)
-
-    def _open(self, version: str | None) -> None:
-        ix = IndexVersion(self.root, version, verify=self._verify)
-        self.index = ix
         self.bm25 = BM25Retriever(ix)
-        from .hybrid import DenseMode, HybridConfig
-        self.dense_mode = DenseMode(ix, self.embedder)
+        self.dense_mode = DenseMode(ix, embedder)
         hy = dict(ix.manifest.get("hybrid") or {})
         if "top_rank_bonus" in hy and hy["top_rank_bonus"] is not None:
             hy["top_rank_bonus"] = tuple(hy["top_rank_bonus"])
@@ -81,21 +125,6 @@ class Searcher:
     @property
     def version(self) -> str:
         return self.index.version
-
-    def refresh(self) -> bool:
-        """Reopen if CURRENT now names another version. Returns True when it switched."""
-        if self._pinned is not None:
-            return False
-        target = resolve_version_dir(self.root)
-        if target == self.index.dir:
-            return False
-        with self._lock:
-            if target != self.index.dir:
-                old = self.index.version
-                self._open(None)
-                log.info("switched from %s to %s", old, self.index.version)
-                return True
-        return False
 
     # -- modes ---------------------------------------------------------------------------
     def modes(self) -> dict[str, Callable]:

@@ -1,0 +1,218 @@
+"""The HTTP API (serving/http.py) against the real 400-document demo index."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from funnel.serving.http import create_app
+from funnel.serving.search import MAX_K, MAX_QUERY_CHARS, open_index
+
+QUERY = "parse command line arguments"
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def searcher(demo_index_1):
+    return open_index(demo_index_1)
+
+
+@pytest.fixture(scope="module")
+def client(searcher):
+    with TestClient(create_app(searcher)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live_url(searcher):
+    """A real uvicorn server on 127.0.0.1 in a background thread."""
+    import uvicorn
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(searcher), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not t.is_alive():
+            server.should_exit = True
+            pytest.fail("uvicorn did not start within 20 s")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(timeout=10)
+
+
+def test_search_returns_summary_hits_and_trace(client, searcher):
+    r = client.post("/search", json={"query": QUERY, "k": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"query", "mode", "summary", "hits", "trace"}
+    assert body["query"] == QUERY and body["mode"] == "bm25"
+    assert body["summary"].startswith(f"Found {len(body['hits'])} documents for {QUERY!r} (bm25):")
+    assert 1 <= len(body["hits"]) <= 5
+    assert [h["rank"] for h in body["hits"]] == list(range(1, len(body["hits"]) + 1))
+    scores = [h["score"] for h in body["hits"]]
+    assert scores == sorted(scores, reverse=True)
+    top = body["hits"][0]
+    assert {"doc_id", "title", "snippet", "score", "matched_terms", "why"} <= set(top)
+    assert top["doc_id"].startswith("argparse") and top["matched_terms"]
+    assert body["trace"]["version"] == searcher.version
+    # HTTP returns exactly what the Python API returns (timings aside).
+    direct = searcher.search(QUERY, k=5).to_dict()
+    assert body["hits"] == direct["hits"] and body["summary"] == direct["summary"]
+
+
+def test_search_options_reach_the_scorer(client):
+    r = client.post("/search", json={"query": QUERY, "k": 3, "options": {"k1": 1.2, "b": 0.75}})
+    assert r.status_code == 200, r.text
+    assert r.json()["trace"]["bm25"]["k1"] == 1.2 and r.json()["trace"]["bm25"]["b"] == 0.75
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"query": ""}, "query"),
+    ({"query": "   \t "}, "query"),
+    ({"query": "a" * (MAX_QUERY_CHARS + 1)}, "query"),
+    ({"query": QUERY, "k": 0}, "k"),
+    ({"query": QUERY, "k": MAX_K + 1}, "k"),
+    ({"query": QUERY, "k": "ten"}, "k"),
+    ({"k": 5}, "query"),
+    ({"query": QUERY, "top_k": 5}, "top_k"),
+    ({"query": QUERY, "options": {"mode": "dense"}}, "options"),
+])
+def test_invalid_body_is_422_naming_the_field(client, body, field):
+    r = client.post("/search", json=body)
+    assert r.status_code == 422, r.text
+    msg = r.json()["error"]
+    assert msg.startswith("invalid request: ") and f"{field}:" in msg
+
+
+def test_unknown_mode_lists_the_choices(client, searcher):
+    r = client.post("/search", json={"query": QUERY, "mode": "nope"})
+    assert r.status_code == 400
+    assert r.json() == {"error": f"unknown mode 'nope'; choose one of {', '.join(searcher.modes())}"}
+
+
+def test_unavailable_mode_is_400_with_the_reason(client):
+    r = client.post("/search", json={"query": QUERY, "mode": "dense"})
+    if r.status_code == 200:
+        pytest.skip("this index serves dense retrieval")
+    assert r.status_code == 400
+    assert "dense" in r.json()["error"]
+
+
+def test_bad_option_value_is_400(client):
+    r = client.post("/search", json={"query": QUERY, "options": {"k1": "high"}})
+    assert r.status_code == 400
+    assert "k1" in r.json()["error"] and "high" in r.json()["error"]
+
+
+def test_get_document(client, searcher):
+    hit = client.post("/search", json={"query": QUERY, "k": 1}).json()["hits"][0]
+    r = client.get(f"/documents/{hit['doc_id']}")
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["doc_id"] == hit["doc_id"] and doc["title"] == hit["title"]
+    assert doc == searcher.get_document(hit["doc_id"])
+
+
+def test_unknown_document_is_404(client):
+    r = client.get("/documents/no.such.module")
+    assert r.status_code == 404
+    assert "no.such.module" in r.json()["error"]
+
+
+def test_term_stats(client, searcher):
+    r = client.post("/term_stats", json={"terms": ["parse", "the", "zzzqqq"]})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["version"] == searcher.version
+    by_term = {s["term"]: s for s in body["stats"]}
+    assert by_term["parse"]["analyzed"] == "pars" and by_term["parse"]["df"] > 0
+    assert 0 < by_term["parse"]["df"] <= searcher.index.n_docs and by_term["parse"]["idf"] > 0
+    assert by_term["the"]["analyzed"] is None  # a stopword
+    assert by_term["zzzqqq"]["df"] == 0
+    assert all("text" not in s and "snippet" not in s for s in body["stats"])  # never passages
+    assert client.post("/term_stats", json={"terms": []}).status_code == 422
+
+
+def test_health(client, searcher):
+    r = client.get("/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "version": searcher.version, "n_docs": searcher.index.n_docs,
+                        "modes": list(searcher.modes()), "refresh_error": None}
+
+
+def test_token_auth(searcher):
+    with TestClient(create_app(searcher, token=TOKEN)) as c:
+        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            r = c.post("/search", json={"query": QUERY}, headers=bad)
+            assert r.status_code == 401 and "Bearer" in r.json()["error"]
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/documents/argparse").status_code == 401
+        assert c.post("/term_stats", json={"terms": ["x"]}).status_code == 401
+        ok = {"Authorization": f"Bearer {TOKEN}"}
+        assert c.post("/search", json={"query": QUERY}, headers=ok).status_code == 200
+        assert c.get("/documents/argparse", headers=ok).status_code == 200
+        assert c.get("/health").status_code == 200  # open, for load balancers
+
+
+def test_concurrent_requests_agree(live_url):
+    def one(_):
+        with httpx.Client(timeout=30) as c:
+            r = c.post(f"{live_url}/search", json={"query": QUERY, "k": 10})
+            return r.status_code, r.json()
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        results = list(pool.map(one, range(20)))
+    assert all(status == 200 for status, _ in results)
+    first = results[0][1]
+    assert first["hits"]
+    for _, body in results:
+        assert body["hits"] == first["hits"] and body["summary"] == first["summary"]
+
+
+def test_new_version_is_picked_up_without_restart(demo_index_1, tmp_path):
+    from funnel.pipelines.artifacts import load_manifest, new_staging_dir, publish, read_current
+    root = str(tmp_path / "ix")
+    shutil.copytree(demo_index_1, root)
+    v1 = read_current(root)
+    with TestClient(create_app(root, refresh_interval=0.2)) as c:
+        assert c.get("/health").json()["version"] == v1
+        staging = new_staging_dir(root)
+        shutil.copytree(os.path.join(root, v1), staging, dirs_exist_ok=True)
+        v2 = publish(root, staging, load_manifest(staging))
+        assert v2 != v1
+        deadline = time.monotonic() + 10
+        while c.get("/health").json()["version"] != v2:
+            assert time.monotonic() < deadline, "the new version was not picked up within 10 s"
+            time.sleep(0.1)
+        r = c.post("/search", json={"query": QUERY, "k": 3})
+        assert r.status_code == 200 and r.json()["trace"]["version"] == v2
+
+        # A broken publication is reported, and the last good version keeps serving.
+        with open(os.path.join(root, "CURRENT"), "w") as f:
+            f.write("v999999\n")
+        deadline = time.monotonic() + 10
+        while (h := c.get("/health").json())["status"] != "degraded":
+            assert time.monotonic() < deadline, "the broken CURRENT was not noticed within 10 s"
+            time.sleep(0.1)
+        assert h["version"] == v2 and "v999999" in h["refresh_error"]
+        r = c.post("/search", json={"query": QUERY, "k": 3})
+        assert r.status_code == 200 and r.json()["trace"]["version"] == v2

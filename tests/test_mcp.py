@@ -1,0 +1,133 @@
+"""The MCP server (serving/mcp.py) through the real ``mcp`` client library.
+
+Most tests spawn ``python -m funnel.serving.cli mcp INDEX`` and talk to it over stdio, as
+an agent would; a few connect in-process (``mcp.Client(server)``) to check edge cases fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+
+import anyio
+import pytest
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
+
+from funnel.serving.mcp import build_mcp_server
+from funnel.serving.search import open_index
+
+QUERY = "parse command line arguments"
+TIMEOUT_S = 60
+
+
+def with_stdio_session(index_root: str, fn):
+    """Run ``await fn(session)`` against a freshly spawned stdio server; bounded by TIMEOUT_S."""
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "funnel.serving.cli", "mcp", index_root])
+
+    async def main():
+        with tempfile.TemporaryFile("w+") as errlog:
+            try:
+                with anyio.fail_after(TIMEOUT_S):
+                    async with stdio_client(params, errlog=errlog) as (read, write):
+                        async with ClientSession(read, write, read_timeout_seconds=TIMEOUT_S) as s:
+                            await s.initialize()
+                            return await fn(s)
+            except BaseException:
+                errlog.seek(0)
+                sys.stderr.write("server stderr:\n" + errlog.read()[-4000:])
+                raise
+
+    return anyio.run(main)
+
+
+def with_client(server, fn):
+    async def main():
+        with anyio.fail_after(TIMEOUT_S):
+            async with Client(server) as c:
+                return await fn(c)
+    return anyio.run(main)
+
+
+@pytest.fixture(scope="module")
+def searcher(demo_index_1):
+    return open_index(demo_index_1)
+
+
+def test_stdio_list_tools_and_search(demo_index_1, searcher):
+    async def calls(s):
+        return await s.list_tools(), await s.call_tool("search", {"query": QUERY, "k": 5})
+
+    tools, res = with_stdio_session(demo_index_1, calls)
+    by_name = {t.name: t for t in tools.tools}
+    assert set(by_name) == {"search", "get_document", "term_stats"}
+    schema = by_name["search"].input_schema
+    assert schema["required"] == ["query"]
+    assert schema["properties"]["k"]["maximum"] == 1000 and schema["properties"]["mode"]["default"] == "bm25"
+    assert "hits" in by_name["search"].output_schema["properties"]
+    assert all(t.annotations.read_only_hint for t in tools.tools)
+
+    assert not res.is_error
+    expected = searcher.search(QUERY, k=5)
+    assert len(res.content) == 1 and res.content[0].type == "text"
+    assert res.content[0].text == expected.summary  # the summary an LLM reads
+    sc = res.structured_content
+    assert set(sc) == {"query", "mode", "summary", "hits", "trace"}
+    assert sc["hits"] == [h.to_dict() for h in expected.hits]
+    assert sc["hits"][0]["doc_id"].startswith("argparse") and sc["trace"]["version"] == searcher.version
+
+
+def test_stdio_get_document_and_term_stats(demo_index_1, searcher):
+    async def calls(s):
+        return (await s.call_tool("get_document", {"doc_id": "argparse"}),
+                await s.call_tool("term_stats", {"terms": ["parse", "the"]}))
+
+    doc, stats = with_stdio_session(demo_index_1, calls)
+    assert not doc.is_error
+    expected = searcher.get_document("argparse")
+    assert doc.structured_content == expected
+    assert doc.content[0].text.startswith("[argparse] ") and expected["text"] in doc.content[0].text
+
+    assert not stats.is_error
+    rows = stats.structured_content["stats"]
+    assert rows == searcher.term_stats(["parse", "the"])
+    assert rows[0]["analyzed"] == "pars" and rows[0]["df"] > 0 and rows[1]["analyzed"] is None
+    assert "df" in stats.content[0].text and "not searchable" in stats.content[0].text
+
+
+def test_stdio_errors_are_tool_errors(demo_index_1, searcher):
+    async def calls(s):
+        return (await s.call_tool("search", {"query": QUERY, "mode": "nope"}),
+                await s.call_tool("get_document", {"doc_id": "no.such.module"}),
+                await s.call_tool("search", {"query": QUERY, "k": 5}))  # the session survives errors
+
+    bad_mode, missing, ok = with_stdio_session(demo_index_1, calls)
+    assert bad_mode.is_error
+    assert f"unknown mode 'nope'; choose one of {', '.join(searcher.modes())}" in bad_mode.content[0].text
+    assert missing.is_error and "no.such.module" in missing.content[0].text
+    assert not ok.is_error and ok.structured_content["hits"]
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"query": ""}, "query"),
+    ({"query": "   "}, "empty query"),
+    ({"query": QUERY, "k": 0}, "k"),
+    ({"query": QUERY, "k": 1001}, "k"),
+])
+def test_bad_search_arguments_explain_themselves(searcher, args, says):
+    res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("search", args))
+    assert res.is_error and says in res.content[0].text
+    assert res.structured_content is None
+
+
+def test_unavailable_mode_says_why(searcher):
+    res = with_client(build_mcp_server(searcher),
+                      lambda c: c.call_tool("search", {"query": QUERY, "mode": "dense"}))
+    if not res.is_error:
+        pytest.skip("this index serves dense retrieval")
+    assert "dense" in res.content[0].text
+
+
+def test_term_stats_needs_terms(searcher):
+    res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("term_stats", {"terms": []}))
+    assert res.is_error and "terms" in res.content[0].text
