@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--query", default="parse command line arguments")
     d.add_argument("--dense", dest="dense", action="store_true")
     d.add_argument("--no-dense", dest="dense", action="store_false")
-    d.set_defaults(fn=cmd_demo, dense=False)
+    d.set_defaults(fn=cmd_demo, dense=True)
 
     v = sub.add_parser("verify", help="check every file of the CURRENT version against its sha256")
     v.add_argument("index")
