@@ -93,4 +93,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
             write_dense_shard(dense_dir, s, np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
     info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
+    if cache_dir is not None:
+        from funnel.pipelines.embed import EmbeddingCache, default_cache_root
+        root = default_cache_root() if cache_dir == "default" else cache_dir
+        EmbeddingCache(root, fingerprint).compact()  # one segment instead of one per batch
     return info
