@@ -40,17 +40,40 @@ def run_mode(searcher, queries: dict[str, str], mode: str, k: int = 100) -> dict
 
 
 def eval_dataset(searcher, dataset_dir: str, modes: list[str], split: str = "test", k: int = 100,
-                 out_dir: str | None = None) -> dict:
-    """Metrics per mode, and paired comparisons of every mode against the first."""
+                 out_dir: str | None = None, answers_path: str | None = None) -> dict:
+    """Metrics per mode, and paired comparisons of every mode against the first.
+
+    A mode the index cannot serve (e.g. ``dense`` without vectors) is reported under
+    ``skipped`` with the reason instead of failing the whole evaluation. Where the queries
+    carry gold answers (``metadata.answers`` in queries.jsonl, or ``answers_path``), answer
+    coverage at 5 and 10 is added per mode.
+    """
+    from .coverage import answer_coverage, load_answers
+    from .search import ModeUnavailable
     queries, qrels = load_beir(dataset_dir, split)
     name = os.path.basename(os.path.normpath(dataset_dir))
-    runs, metrics, per_query = {}, {}, {}
-    for mode in modes:
-        runs[mode] = run_mode(searcher, queries, mode, k)
+    answers = load_answers(answers_path or os.path.join(dataset_dir, "queries.jsonl"))
+    answers = {q: a for q, a in answers.items() if q in queries}
+    runs, metrics, per_query, skipped, coverage = {}, {}, {}, {}, {}
+    for mode in list(modes):
+        try:
+            runs[mode] = run_mode(searcher, queries, mode, k)
+        except ModeUnavailable as e:
+            log.warning("skipping mode %s: %s", mode, e)
+            skipped[mode] = str(e)
+            continue
         metrics[mode], per_query[mode] = evaluate(runs[mode], qrels, METRICS)
+        if answers:
+            def text(doc_id: str) -> str:
+                d = searcher.get_document(doc_id) or {}
+                return f"{d.get('title', '')}\n{d.get('text', '')}"
+            cov = answer_coverage(runs[mode], text, answers)
+            coverage[mode] = {key: v for key, v in cov.items() if key.startswith("coverage@")}
+            metrics[mode].update(coverage[mode])
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             write_run(os.path.join(out_dir, f"{name}.{mode}.trec"), runs[mode], tag=f"funnel-{mode}")
+    modes = [m for m in modes if m in runs]
     comparisons = []
     if len(modes) > 1:
         from .compare import compare_runs
@@ -61,7 +84,8 @@ def eval_dataset(searcher, dataset_dir: str, modes: list[str], split: str = "tes
         from .report import write_report
         write_report(os.path.join(out_dir, f"{name}.report.md"), metrics, comparisons,
                      os.path.join(out_dir, f"{name}.per-query.png"))
-    return {"dataset": name, "split": split, "metrics": metrics, "comparisons": comparisons}
+    return {"dataset": name, "split": split, "metrics": metrics, "comparisons": comparisons,
+            "skipped": skipped, "n_answers": len(answers)}
 
 
 def run_eval(a, ensure_index: Callable[[str, str, bool, int], str]) -> int:
@@ -79,9 +103,11 @@ def run_eval(a, ensure_index: Callable[[str, str, bool, int], str]) -> int:
     if a.json:
         print(json.dumps({**res, "comparisons": [c.to_dict() for c in res["comparisons"]]}, indent=2))
         return 0
-    rows = [{"mode": m, **{k: v for k, v in res["metrics"][m].items()}} for m in modes]
+    rows = [{"mode": m, **{k: v for k, v in res["metrics"][m].items()}} for m in modes if m in res["metrics"]]
     print(f"{res['dataset']} ({a.split}, {len(rows) and 'index ' + root})")
     print(format_table(rows))
+    for mode, why in res["skipped"].items():
+        print(f"skipped {mode}: {why}")
     for c in res["comparisons"]:
         print()
         print(c.verdict)
