@@ -91,14 +91,34 @@ class DenseMode:
         return [Scored(n, s) for n, s in self.dense().search(query, k, nprobe)]
 
 
-def fuse(cfg: HybridConfig, bm25: list[Scored], dense: list[Scored]):
-    """The fused list (``Fused`` objects keyed by docno), best first."""
+def fuse(cfg: HybridConfig, bm25: list[Scored], dense: list[Scored], extra: dict | None = None):
+    """The fused list (``Fused`` objects keyed by docno), best first.
+
+    ``extra`` holds the lists of LLM query expansions; with them present the original
+    query's lists weigh 2 (DESIGN.md, after qmd), each expansion list 1 (RRF only).
+    """
     if cfg.fusion == "rrf":
-        return rrf({"bm25": [s.docno for s in bm25], "dense": [s.docno for s in dense]}, k=cfg.rrf_k,
-                   weights={"bm25": cfg.bm25_weight, "dense": cfg.dense_weight},
-                   top_rank_bonus=cfg.top_rank_bonus)
+        boost = 2.0 if extra else 1.0
+        lists = {"bm25": [s.docno for s in bm25], "dense": [s.docno for s in dense]}
+        weights = {"bm25": boost * cfg.bm25_weight, "dense": boost * cfg.dense_weight}
+        for name, lst in (extra or {}).items():
+            lists[name] = [s.docno for s in lst]
+            weights[name] = 1.0
+        return rrf(lists, k=cfg.rrf_k, weights=weights, top_rank_bonus=cfg.top_rank_bonus)
     return convex({"bm25": {s.docno: s.score for s in bm25}, "dense": {s.docno: s.score for s in dense}},
                   weights={"bm25": cfg.alpha, "dense": 1.0 - cfg.alpha})
+
+
+def _expansions(searcher, query: str, n: int) -> list[str]:
+    if searcher.chat is None:
+        raise ValueError("expand needs a chat model: open_index(root, chat=ChatProvider(base_url=..., "
+                         "model=...)) (any OpenAI-compatible endpoint, e.g. serving.chat.LocalLlamaServer)")
+    from .chat import ChatError, expand_query
+    try:
+        return expand_query(searcher.chat, query, n=n)
+    except ChatError as e:  # the search still answers, without expansions
+        log.warning("query expansion failed, searching without it: %s", e)
+        return []
 
 
 def rerank(reranker, query: str, fused, docs, query_terms: set[str], analyze, cfg: HybridConfig):
@@ -123,6 +143,7 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
     nprobe = options.pop("nprobe", None)
     params = searcher._bm25_params(options)
     timings = {}
+    expand = int(options.pop("expand", 0) or 0)
     t = time.perf_counter()
     terms = dict(searcher.bm25.query_terms(query))
     bm = searcher.bm25.search_weighted(terms, cfg.candidates, params)
@@ -130,8 +151,18 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
     t = time.perf_counter()
     dn = searcher.dense_mode.search(query, cfg.candidates, nprobe)
     timings["dense"] = _ms(t)
+    expansions: list[str] = []
+    extra: dict[str, list[Scored]] = {}
+    if expand:
+        t = time.perf_counter()
+        expansions = _expansions(searcher, query, expand)
+        for i, e in enumerate(expansions, start=1):
+            extra[f"bm25:x{i}"] = searcher.bm25.search_weighted(dict(searcher.bm25.query_terms(e)),
+                                                                cfg.candidates, params)
+            extra[f"dense:x{i}"] = searcher.dense_mode.search(e, cfg.candidates, nprobe)
+        timings["expansion"] = _ms(t)
     t = time.perf_counter()
-    fused = fuse(cfg, bm, dn)
+    fused = fuse(cfg, bm, dn, extra)
     timings["fusion"] = _ms(t)
     final = fused
     reranked = False
@@ -145,7 +176,7 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
     scored = [Scored(f.key, f.score) for f in final[:k]]
     trace = {"hybrid": {**{k_: v for k_, v in cfg.__dict__.items()}, "reranker":
                         getattr(searcher.reranker, "name", None) if reranked else None,
-                        "bm25_hits": len(bm), "dense_hits": len(dn)},
+                        "bm25_hits": len(bm), "dense_hits": len(dn), "expansions": expansions},
              "timings_ms": timings}
 
     def explain(n: int) -> dict:

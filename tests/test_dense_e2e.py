@@ -74,3 +74,23 @@ def test_dense_modes_need_a_dense_index(demo_index_1):
     for mode in ("dense", "hybrid"):
         with pytest.raises(ModeUnavailable, match="--dense"):
             ix.search("x", mode=mode)
+
+
+def test_hybrid_with_llm_query_expansion(dense_index):
+    """Expansions come from the real SmolLM2-135M served on 127.0.0.1 by xllamacpp."""
+    from funnel.serving.chat import LocalLlamaServer
+    with LocalLlamaServer() as server:
+        ix = open_index(dense_index, chat=server.chat())
+        res = ix.search("parse command line options", mode="hybrid", k=5, expand=2)
+    exp = res.trace["hybrid"]["expansions"]
+    assert isinstance(exp, list) and all(isinstance(e, str) and e for e in exp)
+    assert len(res.hits) == 5
+    fused = res.hits[0].explain["fusion"]
+    assert set(fused["ranks"]) <= {"bm25", "dense"} | {f"{l}:x{i}" for l in ("bm25", "dense")
+                                                         for i in range(1, len(exp) + 1)}
+    if exp:  # with expansions the original query's lists weigh 2
+        for lst in ("bm25", "dense"):
+            if lst in fused["ranks"]:
+                assert fused["contributions"][lst] == pytest.approx(2 / (60 + fused["ranks"][lst]))
+    with pytest.raises(ValueError, match="expand needs a chat model"):
+        open_index(dense_index).search("x", mode="hybrid", expand=2)
