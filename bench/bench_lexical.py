@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from results import write_section  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "beir")
+REPEATS = 3  # query timings are the best of 3 passes over all queries, both sides
 
 
 def _queries(ds):
@@ -43,12 +44,27 @@ def bench_funnel(ds, shards, tmp):
     ix = open_index(root)
     qs = _queries(ds)
     ix.search_batch(dict(list(qs.items())[:50]), k=100)  # warm caches (impacts, pages)
-    t = time.perf_counter()
-    ix.search_batch(qs, k=100)
-    q_s = time.perf_counter() - t
+    q_s = float("inf")
+    for _ in range(REPEATS):  # best of REPEATS, as for the baseline
+        t = time.perf_counter()
+        ix.search_batch(qs, k=100)
+        q_s = min(q_s, time.perf_counter() - t)
+    # Where the time goes: query analysis alone, and scoring + top-k alone (best of REPEATS).
+    texts = list(qs.values())
+    an_s = sc_s = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        analyzed = [dict(ix.bm25.query_terms(q)) for q in texts]
+        an_s = min(an_s, time.perf_counter() - t)
+        t = time.perf_counter()
+        for terms in analyzed:
+            ix.bm25.search_arrays(terms, 100)
+        sc_s = min(sc_s, time.perf_counter() - t)
     ndcg = eval_dataset(ix, os.path.join(DATA, ds), ["bm25"])["metrics"]["bm25"]["ndcg@10"]
     return {"docs": rep.n_docs, "build_s": build_s, "build_stages": rep.stage_seconds,
-            "qps": len(qs) / q_s, "n_queries": len(qs), "ndcg": ndcg}
+            "qps": len(qs) / q_s, "n_queries": len(qs), "ndcg": ndcg,
+            "us_analyze": 1e6 * an_s / len(qs), "us_score": 1e6 * sc_s / len(qs),
+            "us_total": 1e6 * q_s / len(qs)}
 
 
 def bench_bm25s(ds):
@@ -67,12 +83,14 @@ def bench_bm25s(ds):
     build_s = time.perf_counter() - t
     qs = _queries(ds)
     texts = list(qs.values())
-    t = time.perf_counter()
-    qt = bm25s.tokenize(texts, stopwords="en", stemmer=stem, show_progress=False)
-    tok_s = time.perf_counter() - t
-    t = time.perf_counter()
-    res, scores = model.retrieve(qt, k=100, n_threads=1, backend_selection="numpy", show_progress=False)
-    ret_s = time.perf_counter() - t
+    tok_s = ret_s = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        qt = bm25s.tokenize(texts, stopwords="en", stemmer=stem, show_progress=False)
+        tok_s = min(tok_s, time.perf_counter() - t)
+        t = time.perf_counter()
+        res, scores = model.retrieve(qt, k=100, n_threads=1, backend_selection="numpy", show_progress=False)
+        ret_s = min(ret_s, time.perf_counter() - t)
     ids = [d["_id"] for d in docs]
     run = {qid: {ids[j]: float(s) for j, s in zip(res[i], scores[i]) if s > 0 and ids[j] != qid}
            for i, qid in enumerate(qs)}
@@ -102,7 +120,7 @@ def main(argv=None):
         f"Machine: {os.cpu_count()} cores, {platform.python_version()}, one query thread. "
         "Command: `.venv/bin/python bench/bench_lexical.py`. Baseline: bm25s (NumPy backend, "
         "n_threads=1, Porter + English stopwords, k1=0.9 b=0.4, method=lucene), same run. k=100, "
-        "every query in queries.jsonl.",
+        "every query in queries.jsonl, best of 3 passes for each side.",
         "",
         "| dataset | shards | funnel q/s | bm25s q/s (retrieve) | bm25s q/s (+tokenize) | ratio funnel/bm25s (retrieve) "
         "| funnel build docs/s | bm25s index docs/s | funnel NDCG@10 | bm25s NDCG@10 |",
@@ -112,7 +130,14 @@ def main(argv=None):
         lines.append(f"| {ds} | {shards} | {f['qps']:.0f} | {b['qps_retrieve']:.0f} | {b['qps_with_tokenize']:.0f} | "
                      f"{f['qps'] / b['qps_retrieve']:.2f} | {f['docs'] / f['build_s']:.0f} | "
                      f"{b['docs'] / b['build_s']:.0f} | {f['ndcg']:.4f} | {b['ndcg']:.4f} |")
-    lines += ["", "funnel build time per stage (s): " + "; ".join(
+    lines += ["", "Where funnel's query time goes (µs per query, best of 3): " + "; ".join(
+        f"{ds}/{sh} shards: analyze {f['us_analyze']:.0f}, score+top-k {f['us_score']:.0f}, "
+        f"rest (doc ids, run assembly) {f['us_total'] - f['us_analyze'] - f['us_score']:.0f} of {f['us_total']:.0f}"
+        for ds, sh, f, _ in rows),
+        "Scoring costs a fixed ~20-30 µs per shard per query (term lookup, one numba kernel call, "
+        "candidate cut); at this corpus size that overhead, not the postings, is why 4 shards "
+        "are slower than 1. Shards exist for parallel builds and bounded memory at scale.",
+        "", "funnel build time per stage (s): " + "; ".join(
         f"{ds}/{sh}: {f['build_stages']}" for ds, sh, f, _ in rows),
         "", "funnel's build includes starting a local Ray session (once per process) and the "
         "Ray Data shuffle; bm25s indexes in-process from a list already in memory."]
