@@ -202,3 +202,10 @@ def test_numba_kernel_equals_numpy_reference(demo_index_4):
         a, b = fast.search_batch({"q": q}, k=30)["q"], ref.search_batch({"q": q}, k=30)["q"]
         assert [d for d, _ in a] == [d for d, _ in b]
         np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-12)
+
+
+def test_corpus_given_as_a_pyarrow_filesystem_uri(ray_session, tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "u1", "text": "read through a file URI"}])
+    rep = build("file://" + corpus, str(tmp_path / "ix"), shards=1)
+    assert rep.n_docs == 1
+    assert open_index(str(tmp_path / "ix")).search("uri").hits[0].doc_id == "u1"
