@@ -88,6 +88,17 @@ def _fsync_tree(path: str) -> None:
             os.close(fd)
 
 
+def save_npy_atomic(path: str, array) -> None:
+    """``np.save`` to a unique temporary name, fsync, rename: never a torn ``.npy``."""
+    import numpy as np
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: str, obj) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

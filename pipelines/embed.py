@@ -30,6 +30,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .artifacts import save_npy_atomic
+
 log = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingProvider",
@@ -161,7 +163,22 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-class _AsyncMixin:
+class _ProviderBase:
+    """Prompts, fingerprint and async wrappers shared by the providers; each has ``_encode``."""
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query (query prompt applied) -> ``(dim,)`` float32."""
+        return self._encode([self.query_prompt + text])[0]
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Documents (document prompt applied) -> ``(n, dim)`` float32."""
+        return self._encode([self.document_prompt + t for t in texts])
+
+    def fingerprint(self) -> dict:
+        """What determines the vectors: kind, model, dim, normalize, prompts."""
+        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
+                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+
     async def aembed_query(self, text: str) -> np.ndarray:
         """:meth:`embed_query` in a worker thread, so an event loop is never blocked."""
         return await asyncio.to_thread(self.embed_query, text)
@@ -171,7 +188,7 @@ class _AsyncMixin:
         return await asyncio.to_thread(self.embed_documents, texts)
 
 
-class SentenceTransformerProvider(_AsyncMixin):
+class SentenceTransformerProvider(_ProviderBase):
     """A sentence-transformers model run in-process.
 
     Parameters
@@ -223,21 +240,9 @@ class SentenceTransformerProvider(_AsyncMixin):
                                 normalize_embeddings=self.normalize, show_progress_bar=False)
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def embed_query(self, text: str) -> np.ndarray:
-        """One query (query prompt applied) -> ``(dim,)`` float32."""
-        return self._encode([self.query_prompt + text])[0]
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        """Documents (document prompt applied) -> ``(n, dim)`` float32."""
-        return self._encode([self.document_prompt + t for t in texts])
-
-    def fingerprint(self) -> dict:
-        """What determines the vectors: kind, model, dim, normalize, prompts."""
-        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
-                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
 
 
-class OpenAIEmbeddingProvider(_AsyncMixin):
+class OpenAIEmbeddingProvider(_ProviderBase):
     """An OpenAI-compatible ``/v1/embeddings`` endpoint (OpenAI, vLLM, TEI, llama.cpp).
 
     Retries on 408/409/429/5xx and connection errors are the ``openai`` client's own
@@ -306,18 +311,6 @@ class OpenAIEmbeddingProvider(_AsyncMixin):
         parts = [self._request(list(texts[i:i + self.batch_size])) for i in range(0, len(texts), self.batch_size)]
         return np.vstack(parts)
 
-    def embed_query(self, text: str) -> np.ndarray:
-        """One query (query prompt applied) -> ``(dim,)`` float32."""
-        return self._encode([self.query_prompt + text])[0]
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        """Documents (document prompt applied), ``batch_size`` per request -> ``(n, dim)``."""
-        return self._encode([self.document_prompt + t for t in texts])
-
-    def fingerprint(self) -> dict:
-        """What determines the vectors: kind, model, dim, normalize, prompts."""
-        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
-                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
 
 
 PROVIDERS = {"sentence-transformers": SentenceTransformerProvider, "openai": OpenAIEmbeddingProvider}
@@ -423,15 +416,6 @@ def default_cache_root() -> str:
 def fingerprint_key(fingerprint: dict) -> str:
     """Directory name for a model fingerprint: 16 hex digits of sha256 of its sorted JSON."""
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _atomic_save(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class EmbeddingCache:
@@ -557,8 +541,8 @@ class EmbeddingCache:
     def _write_segment(self, keys: np.ndarray, vecs: np.ndarray) -> str:
         name = f"seg-{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         base = os.path.join(self.dir, name)
-        _atomic_save(base + ".vec.npy", vecs)
-        _atomic_save(base + ".keys.npy", keys)  # the commit marker, renamed last
+        save_npy_atomic(base + ".vec.npy", vecs)
+        save_npy_atomic(base + ".keys.npy", keys)  # the commit marker, renamed last
         self._register(name, keys, np.load(base + ".vec.npy", mmap_mode="r"))
         return name
 

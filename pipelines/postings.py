@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .artifacts import save_npy_atomic
+
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
 
 
@@ -82,21 +84,12 @@ def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
     return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
 
 
-def _save_npy(path: str, arr: np.ndarray) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_shard(shard_dir: str, p: ShardPostings) -> None:
     os.makedirs(shard_dir, exist_ok=True)
-    _save_npy(os.path.join(shard_dir, "indptr.npy"), p.indptr)
-    _save_npy(os.path.join(shard_dir, "docs.npy"), p.docs)
-    _save_npy(os.path.join(shard_dir, "tfs.npy"), p.tfs)
-    _save_npy(os.path.join(shard_dir, "doclen.npy"), p.doclen)
+    save_npy_atomic(os.path.join(shard_dir, "indptr.npy"), p.indptr)
+    save_npy_atomic(os.path.join(shard_dir, "docs.npy"), p.docs)
+    save_npy_atomic(os.path.join(shard_dir, "tfs.npy"), p.tfs)
+    save_npy_atomic(os.path.join(shard_dir, "doclen.npy"), p.doclen)
     table = pa.table({"term": pa.array(p.terms, pa.string()),
                       "df": pa.array(p.df, pa.int64()), "cf": pa.array(p.cf, pa.int64())})
     pq.write_table(table, os.path.join(shard_dir, "terms.parquet"))
@@ -109,7 +102,7 @@ def finalize_shard(shard_dir: str, global_terms: np.ndarray) -> None:
     gid = np.searchsorted(global_terms, local_terms).astype(np.int32)
     if len(gid) and not np.array_equal(global_terms[np.minimum(gid, len(global_terms) - 1)], local_terms):
         raise RuntimeError(f"shard {shard_dir}: terms missing from the global vocabulary")
-    _save_npy(os.path.join(shard_dir, "term_gid.npy"), gid)
+    save_npy_atomic(os.path.join(shard_dir, "term_gid.npy"), gid)
 
 
 def load_shard(shard_dir: str, mmap: bool = True) -> dict[str, np.ndarray]:

@@ -27,6 +27,8 @@ import uuid
 import faiss
 import numpy as np
 
+from .artifacts import save_npy_atomic
+
 log = logging.getLogger(__name__)
 
 METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
@@ -247,15 +249,6 @@ def _shard_files(dense_dir: str, shard: int) -> tuple[str, str, str]:
             os.path.join(dense_dir, f"ivf-{shard:04d}.faiss"))
 
 
-def _save_npy(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_dense_shard(out_dir: str, shard: int, vectors: np.ndarray, docnos: np.ndarray) -> dict:
     """Write ``emb-NNNN.npy`` (float32) and ``ids-NNNN.npy`` (int64) for one shard.
 
@@ -271,8 +264,8 @@ def write_dense_shard(out_dir: str, shard: int, vectors: np.ndarray, docnos: np.
         raise ValueError(f"shard {shard}: {bad} embeddings contain NaN or inf; check the embedding model/endpoint")
     os.makedirs(out_dir, exist_ok=True)
     emb, ids, _ = _shard_files(out_dir, shard)
-    _save_npy(emb, vectors)
-    _save_npy(ids, docnos)
+    save_npy_atomic(emb, vectors)
+    save_npy_atomic(ids, docnos)
     return {"shard": shard, "count": int(len(docnos)), "dim": int(vectors.shape[1])}
 
 
