@@ -52,7 +52,9 @@ def _init_ray(num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=True, logging_level=logging.WARNING)
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = sys.stderr.isatty()
+    ctx.enable_progress_bars = sys.stderr.isatty()  # Ray Data's per-stage bars on a terminal
+    if not log.isEnabledFor(logging.DEBUG):
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str):

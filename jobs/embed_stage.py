@@ -70,18 +70,19 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     dim = probe.dim
     del probe
     if gpus > 0:
-        pool = {"concurrency": gpus, "num_gpus": 1}
+        n_actors, res = gpus, {"num_gpus": 1}
     else:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        pool = {"concurrency": max(1, min(cpus, 8)), "num_cpus": 0.5}
-    log.info("dense: %s on %s actors (%s)", fingerprint["model"], pool["concurrency"],
-             "GPU" if gpus else "CPU")
+        n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
+    pool = {"compute": ray.data.ActorPoolStrategy(size=n_actors), **res}
+    log.info("dense: %s on %s actors (%s)", fingerprint["model"], n_actors, "GPU" if gpus else "CPU")
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
     # Enough blocks to keep every actor busy (Ray would read small shard files as one block).
-    blocks = max(shards, 4 * pool["concurrency"], (n_docs or 0) // (4 * batch_size))
-    ds = ray.data.read_parquet(os.path.join(staging, "docs"), override_num_blocks=min(blocks, 2000),
+    # (A shard file is one Parquet row group, which Ray will not split: repartition instead.)
+    blocks = max(shards, 4 * n_actors, (n_docs or 0) // (4 * batch_size))
+    ds = ray.data.read_parquet(os.path.join(staging, "docs"),
                                columns=["title", "text", "content_hash", "shard", "local_id"])
+    ds = ds.repartition(min(blocks, 2000))
     ds = ds.map_batches(EmbedBatch, fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir},
                         batch_size=batch_size, batch_format="numpy", **pool)
     ds = ds.select_columns(["shard", "local_id", "embedding"])

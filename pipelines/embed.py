@@ -150,6 +150,11 @@ def _load_sentence_transformer(path: str, device: str | None, fp16: bool):
         if key not in _MODELS:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local path never needs the hub
             from sentence_transformers import SentenceTransformer
+            try:  # no "Loading weights" bar on the terminal for every actor
+                from transformers.utils import logging as hf_logging
+                hf_logging.disable_progress_bar()
+            except ImportError:  # pragma: no cover
+                pass
             model = SentenceTransformer(path, device=device, local_files_only=True)
             if fp16:
                 model.half()
