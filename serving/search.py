@@ -142,10 +142,25 @@ class VersionSearcher:
             raise SearchError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
         return query.strip()
 
+    def mode_options(self, mode: str) -> set[str]:
+        """The per-query options a mode accepts (for error messages and the HTTP schema)."""
+        from .hybrid import HybridConfig
+        bm25 = {"k1", "b", "length_norm"}
+        return {"bm25": bm25, "dense": {"nprobe"}, "sira": set(),
+                "hybrid": bm25 | {"nprobe", "rerank", "expand"} | set(HybridConfig.__dataclass_fields__),
+                }.get(mode, set()) | {"context_tokens"}
+
+    def _check_options(self, mode: str, options: dict) -> None:
+        unknown = set(options) - self.mode_options(mode)
+        if unknown:
+            raise SearchError(f"unknown option(s) {', '.join(sorted(unknown))} for mode {mode!r}; "
+                              f"valid: {', '.join(sorted(self.mode_options(mode)))}")
+
     def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
                **options) -> SearchResult:
         """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...)."""
         query = self._check(query, mode, k)
+        self._check_options(mode, options)
         options = dict(options)
         context_tokens = options.pop("context_tokens", None)
         t0 = time.perf_counter()
@@ -161,6 +176,8 @@ class VersionSearcher:
     def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100,
                      **options) -> dict[str, list[tuple[str, float]]]:
         """{qid: [(doc_id, score), ...]} for a run file; no explanations or snippets."""
+        if mode in self.modes():
+            self._check_options(mode, options)
         out = {}
         if mode == "bm25":  # the hot path of evaluation and benchmarks: arrays end to end
             params = self._bm25_params(dict(options))

@@ -209,3 +209,11 @@ def test_corpus_given_as_a_pyarrow_filesystem_uri(ray_session, tmp_path):
     rep = build("file://" + corpus, str(tmp_path / "ix"), shards=1)
     assert rep.n_docs == 1
     assert open_index(str(tmp_path / "ix")).search("uri").hits[0].doc_id == "u1"
+
+
+def test_unknown_options_are_refused_with_the_valid_ones(demo_index_1):
+    ix = open_index(demo_index_1)
+    with pytest.raises(SearchError, match="unknown option.*k_1.*valid: b, context_tokens, k1, length_norm"):
+        ix.search("x", k1=1.2, k_1=3)
+    with pytest.raises(SearchError, match="unknown option"):
+        ix.search_batch({"q": "x"}, fusion="rrf")
