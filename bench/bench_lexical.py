@@ -69,7 +69,6 @@ def bench_funnel(ds, shards, tmp):
 
 def bench_bm25s(ds):
     import bm25s
-    import numpy as np
     import Stemmer
     from funnel.serving.metrics import evaluate
     from funnel.serving.trec import read_qrels

@@ -24,7 +24,6 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
 
 import regex
 
@@ -143,9 +142,6 @@ class Analyzer:
 
     def term_counts(self, text: str) -> Counter:
         return Counter(self.analyze(text))
-
-    def analyze_many(self, texts: Iterable[str]) -> list[list[str]]:
-        return [self.analyze(t) for t in texts]
 
     def fingerprint(self) -> str:
         """sha256 over the configuration and the token stream of a fixed probe text."""

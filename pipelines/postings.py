@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -110,8 +110,3 @@ def load_shard(shard_dir: str, mmap: bool = True) -> dict[str, np.ndarray]:
     names = POSTING_FILES + ("term_gid.npy",)
     return {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
 
-
-def iter_postings(p: ShardPostings) -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
-    for i, t in enumerate(p.terms):
-        s, e = p.indptr[i], p.indptr[i + 1]
-        yield t, p.docs[s:e], p.tfs[s:e]

@@ -84,12 +84,3 @@ def load_vocabulary(db_path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     terms = np.asarray(t.column("term").to_pylist(), dtype=object)
     return terms, t.column("df").to_numpy().astype(np.int64), t.column("cf").to_numpy().astype(np.int64)
 
-
-def load_collection(db_path: str) -> CollectionStats:
-    con = duckdb.connect(db_path, read_only=True)
-    try:
-        row = con.execute("SELECT n_docs, n_docs_nonempty, total_terms, avgdl, n_shards, n_terms "
-                          "FROM collection").fetchone()
-    finally:
-        con.close()
-    return CollectionStats(int(row[0]), int(row[1]), int(row[2]), float(row[3]), int(row[4]), int(row[5]))

@@ -199,15 +199,3 @@ class ShardScorer:
                 out[i] = self.tfs[s + j]
         return out
 
-
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and scores of the k best positive scores, best first (ties: lower index first)."""
-    nz = np.flatnonzero(scores > 0)
-    if len(nz) == 0:
-        return nz, scores[nz]
-    vals = scores[nz]
-    if len(nz) > k:
-        part = np.argpartition(-vals, k - 1)[:k]
-        nz, vals = nz[part], vals[part]
-    order = np.lexsort((nz, -vals))
-    return nz[order], vals[order]

@@ -138,9 +138,4 @@ class IndexVersion:
         self.shards = [ShardScorer(load_shard(os.path.join(self.dir, "lexical", shard_name(s))), self.avgdl)
                        for s in range(self.n_shards)]
         self.docs = DocStore(self.dir, self.n_shards)
-        self._dense = None
-        self._dense_lock = threading.Lock()
         log.info("opened %s (%d docs, %d shards, %d terms)", self.dir, self.n_docs, self.n_shards, len(self.vocab))
-
-    def term_ids(self, terms: list[str]) -> list[int | None]:
-        return [self.vocab.get(t) for t in terms]

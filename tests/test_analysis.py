@@ -7,14 +7,13 @@ all 88 cases plus 30 SciFact queries when it is present.
 """
 
 import json
-import os
 
 import pytest
 
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig, tokenize_raw
 from funnel.pipelines.porter import porter_stem
 
-from conftest import LUCENE, need_shared
+from conftest import need_shared
 
 A = Analyzer()
 

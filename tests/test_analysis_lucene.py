@@ -3,7 +3,6 @@ Lucene 9.9.1 indexed for every SciFact and NFCorpus document (../shared/data/ref
 
 import gzip
 import json
-import os
 from collections import Counter
 
 import pytest

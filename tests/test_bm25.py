@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from funnel.serving.bm25 import (BM25Params, ShardScorer, byte4_to_int, idf_lucene, int_to_byte4,
-                                 lucene_lengths, top_k)
+                                 lucene_lengths)
 from funnel.pipelines.postings import build_postings
 
 
@@ -85,11 +85,6 @@ def test_scores_equal_bm25s_lucene():
         ours = sc.score(gids, idf_lucene(p.df[gids], len(docs)), BM25Params(0.9, 0.4, "exact"))
         theirs = model.get_scores(q)
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
-
-
-def test_top_k_orders_and_breaks_ties_by_index():
-    idx, vals = top_k(np.array([0.0, 2.0, 5.0, 2.0, 1.0]), 3)
-    assert idx.tolist() == [2, 1, 3] and vals.tolist() == [5.0, 2.0, 2.0]
 
 
 def test_params_validation():

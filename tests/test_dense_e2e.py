@@ -1,13 +1,11 @@
 """Dense and hybrid modes end to end: a real Ray build with MiniLM embeddings into FAISS,
 served through the same Searcher as BM25."""
 
-import json
-import os
 
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.serving.search import ModeUnavailable, SearchError, open_index
+from funnel.serving.search import ModeUnavailable, open_index
 
 
 @pytest.fixture(scope="module")
