@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 from .metrics import evaluate, format_table
 from .trec import ranked_docids
@@ -191,6 +190,7 @@ def mcnemar(b: int, c: int, exact_threshold: int = 25) -> McNemarResult:
         Report the exact binomial p as ``p_value`` when ``b + c < exact_threshold``,
         else the uncorrected chi-square p.
     """
+    from scipy import stats  # imported here: scipy costs ~0.5 s at CLI start-up
     if b < 0 or c < 0:
         raise ValueError(f"b and c are counts and must be >= 0, got b={b}, c={c}")
     n = b + c
