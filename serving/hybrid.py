@@ -37,10 +37,13 @@ class HybridConfig:
     alpha: float = 0.55          # convex: weight of BM25 (DESIGN.md: chosen on SciFact train)
     rerank_depth: int = 40       # fused candidates the reranker re-reads
     chunk_tokens: int = 256
+    blend_tiers: tuple = BLEND_TIERS  # ((last fused rank, retrieval weight), ..., (None, w))
 
     @classmethod
     def from_options(cls, base: "HybridConfig", options: dict) -> "HybridConfig":
         kw = {f: options.pop(f) for f in list(options) if f in cls.__dataclass_fields__}
+        if "blend_tiers" in kw:
+            kw["blend_tiers"] = tuple((None if r is None else int(r), float(w)) for r, w in kw["blend_tiers"])
         if "top_rank_bonus" in kw and kw["top_rank_bonus"] in (None, False, 0, "none"):
             kw["top_rank_bonus"] = None
         elif "top_rank_bonus" in kw:
@@ -133,7 +136,7 @@ def rerank(reranker, query: str, fused, docs, query_terms: set[str], analyze, cf
                                  stride=max(1, cfg.chunk_tokens // 2))[2])
     scored = reranker.rerank(query, chunks, top_n=len(chunks))
     scores = {head[i].key: float(s) for i, s in scored}
-    return position_blend(fused, scores, tiers=BLEND_TIERS)
+    return position_blend(fused, scores, tiers=cfg.blend_tiers)
 
 
 def run_hybrid(searcher, query: str, k: int, options: dict):

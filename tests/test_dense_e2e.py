@@ -92,3 +92,19 @@ def test_hybrid_with_llm_query_expansion(dense_index):
                 assert fused["contributions"][lst] == pytest.approx(2 / (60 + fused["ranks"][lst]))
     with pytest.raises(ValueError, match="expand needs a chat model"):
         open_index(dense_index).search("x", mode="hybrid", expand=2)
+
+
+def test_rerank_with_position_blend_and_configurable_tiers(dense_index):
+    """A real second stage (the bi-encoder reranker over the same MiniLM) through the hybrid
+    path: every reranked hit's score is w·(1/r) + (1−w)·rerank_norm with the configured tiers."""
+    from funnel.serving.rerank import BiEncoderReranker
+    ix = open_index(dense_index)
+    ix.reranker = BiEncoderReranker(ix.dense_mode.dense().provider)
+    tiers = ((2, 0.9), (None, 0.1))
+    res = ix.search("compress data with zlib", mode="hybrid", k=6, rerank_depth=6, blend_tiers=tiers)
+    assert res.trace["hybrid"]["reranker"] and "rerank" in res.trace["timings_ms"]
+    for h in res.hits:
+        ex = h.explain["fusion"]
+        w = 0.9 if ex["fused_rank"] <= 2 else 0.1
+        assert ex["position_weight"] == w
+        assert ex["score"] == pytest.approx(w / ex["fused_rank"] + (1 - w) * ex["rerank_norm"])
