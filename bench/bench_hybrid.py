@@ -35,8 +35,8 @@ CONFIGS = [  # (label, mode, options)
 
 def main():
     from funnel.serving.cli import ensure_index
-    from funnel.serving.evaluate import load_beir
-    from funnel.serving.metrics import evaluate, exclude_self
+    from funnel.evaluation.evaluate import load_beir
+    from funnel.evaluation.metrics import evaluate, exclude_self
     from funnel.serving.search import open_index
     lines = ["Command: `.venv/bin/python bench/bench_hybrid.py`. Test split, k=100 per list, "
              "MiniLM-L6 (all-MiniLM-L6-v2) for dense, real Lucene-parity BM25. No reranker row: no "

@@ -35,7 +35,7 @@ def _queries(ds):
 
 def bench_funnel(ds, shards, tmp):
     from funnel.jobs.build_index import build
-    from funnel.serving.evaluate import eval_dataset
+    from funnel.evaluation.evaluate import eval_dataset
     from funnel.serving.search import open_index
     root = os.path.join(tmp, f"{ds}-{shards}")
     t = time.perf_counter()
@@ -70,8 +70,8 @@ def bench_funnel(ds, shards, tmp):
 def bench_bm25s(ds):
     import bm25s
     import Stemmer
-    from funnel.serving.metrics import evaluate
-    from funnel.serving.trec import read_qrels
+    from funnel.evaluation.metrics import evaluate
+    from funnel.evaluation.trec import read_qrels
     stem = Stemmer.Stemmer("porter")
     docs = [json.loads(l) for l in open(os.path.join(DATA, ds, "corpus.jsonl"))]
     t = time.perf_counter()

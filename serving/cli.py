@@ -51,7 +51,7 @@ def cmd_search(a) -> int:
     ix = _searcher(a.index, a)
     opts = _search_options(a)
     if a.queries:
-        from .trec import read_queries, write_run
+        from funnel.evaluation.trec import read_queries, write_run
         if not a.run:
             return _err("--queries needs --run OUT.trec (where to write the TREC run)")
         queries = read_queries(a.queries)
@@ -89,7 +89,7 @@ def ensure_index(dataset_dir: str, root: str | None, need_dense: bool, shards: i
 
 
 def cmd_eval(a) -> int:
-    from .evaluate import run_eval
+    from funnel.evaluation.evaluate import run_eval
     return run_eval(a, ensure_index)
 
 
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     try:
-        from .evalcli import add_compare_parser
+        from funnel.evaluation.evalcli import add_compare_parser
         add_compare_parser(sub)
     except ImportError:  # pragma: no cover - evalcli ships with funnel
         pass

@@ -11,7 +11,7 @@ that .ci/run checks next reuses them; document embeddings are cached by content 
 import pytest
 
 from funnel.serving.cli import ensure_index
-from funnel.serving.evaluate import eval_dataset
+from funnel.evaluation.evaluate import eval_dataset
 from funnel.serving.search import open_index
 
 from conftest import need_shared

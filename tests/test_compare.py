@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 
-from funnel.serving.compare import (
+from funnel.evaluation.compare import (
     bootstrap_ci,
     compare_runs,
     contingency,
@@ -20,8 +20,8 @@ from funnel.serving.compare import (
     randomization_test,
     success_at_k,
 )
-from funnel.serving.evalcli import main as eval_main
-from funnel.serving.trec import write_run
+from funnel.evaluation.evalcli import main as eval_main
+from funnel.evaluation.trec import write_run
 
 
 def make_run(rel_ranks: dict[str, int | None], n: int = 20) -> dict[str, dict[str, float]]:

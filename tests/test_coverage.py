@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from funnel.serving.coverage import answer_coverage, contains_answer, load_answers, normalize_answer
+from funnel.evaluation.coverage import answer_coverage, contains_answer, load_answers, normalize_answer
 
 
 def test_normalize_answer_squad_rules():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from funnel.serving.compare import compare_runs
-from funnel.serving.metrics import evaluate
-from funnel.serving.report import (
+from funnel.evaluation.compare import compare_runs
+from funnel.evaluation.metrics import evaluate
+from funnel.evaluation.report import (
     check_matrix,
     format_checks,
     load_matrix,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from funnel.serving.metrics import evaluate, exclude_self, format_table, parse_metric
-from funnel.serving.trec import ranked_docids, read_qrels, read_queries, read_run, write_run
+from funnel.evaluation.metrics import evaluate, exclude_self, format_table, parse_metric
+from funnel.evaluation.trec import ranked_docids, read_qrels, read_queries, read_run, write_run
 
 DATA = Path(os.environ.get("FUNNEL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 LUCENE = DATA / "reference" / "lucene"

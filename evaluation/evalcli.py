@@ -2,7 +2,7 @@
 
 Why separate from ``cli.py``: the evaluation layer needs no index, so the main CLI only
 registers this parser (``add_compare_parser(subparsers)``) and stays a thin dispatcher.
-The statistics are those of :mod:`funnel.serving.compare` (McNemar on success@k, a
+The statistics are those of :mod:`funnel.evaluation.compare` (McNemar on success@k, a
 sign-flip randomization test and bootstrap CI on NDCG@10).
 
     funnel compare RUN_A RUN_B --qrels QRELS [--queries QUERIES] [--k 10]
@@ -88,7 +88,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the evaluation subcommands standalone: ``python -m funnel.serving.evalcli compare ...``."""
+    """Run the evaluation subcommands standalone: ``python -m funnel.evaluation.evalcli compare ...``."""
     parser = argparse.ArgumentParser(prog="funnel-eval")
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare_parser(sub)

@@ -2,7 +2,7 @@
 
 Why: a change to funnel is judged by (1) a markdown report that puts every mode's
 metrics side by side and tests each mode against the first (the baseline) with
-:mod:`funnel.serving.compare`, with a plot of where the per-query differences lie; and
+:mod:`funnel.evaluation.compare`, with a plot of where the per-query differences lie; and
 (2) a regression matrix in the style of Pyserini's ``2cr/beir.yaml``: each row pins
 ``expected`` for a (dataset, mode, metric) and passes when
 

@@ -98,7 +98,7 @@ def evaluate(
     Parameters
     ----------
     run : Mapping[str, Mapping[str, float]]
-        ``{qid: {docid: score}}``, e.g. from :func:`funnel.serving.trec.read_run`.
+        ``{qid: {docid: score}}``, e.g. from :func:`funnel.evaluation.trec.read_run`.
     qrels : Mapping[str, Mapping[str, int]]
         ``{qid: {docid: grade}}``.
     metrics : Sequence[str]

@@ -49,7 +49,7 @@ def eval_dataset(searcher, dataset_dir: str, modes: list[str], split: str = "tes
     coverage at 5 and 10 is added per mode.
     """
     from .coverage import answer_coverage, load_answers
-    from .search import ModeUnavailable
+    from funnel.serving.search import ModeUnavailable
     queries, qrels = load_beir(dataset_dir, split)
     name = os.path.basename(os.path.normpath(dataset_dir))
     answers = load_answers(answers_path or os.path.join(dataset_dir, "queries.jsonl"))
@@ -90,7 +90,7 @@ def eval_dataset(searcher, dataset_dir: str, modes: list[str], split: str = "tes
 
 def run_eval(a, ensure_index: Callable[[str, str, bool, int], str]) -> int:
     """CLI entry: ``a`` has dataset, index, modes, split, k, shards, out, check, json."""
-    from .search import open_index
+    from funnel.serving.search import open_index
     modes = [m.strip() for m in (a.modes or "bm25").split(",") if m.strip()]
     if a.check:
         return _check(a, ensure_index)
@@ -117,7 +117,7 @@ def run_eval(a, ensure_index: Callable[[str, str, bool, int], str]) -> int:
 
 def _check(a, ensure_index) -> int:
     from .report import check_matrix, format_checks, load_matrix
-    from .search import open_index
+    from funnel.serving.search import open_index
     rows = load_matrix(a.check)
     data_root = os.environ.get("FUNNEL_BEIR", DEFAULT_DATA_ROOT)
     measured = {}
