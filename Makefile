@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INDEX ?= .funnel/demo-index
 
-.PHONY: install demo test test-beir bench clean
+.PHONY: install demo test test-beir bench tour clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,15 @@ test: install
 test-beir: install
 	$(BIN)/python -m pytest -q tests -m beir
 
+# Every benchmark in turn (bench/bench_*.py); each prints its section of bench/RESULTS.md.
+# `make bench BENCH_FLAGS=--write` records them there; they read ../shared/data/beir (--data).
+BENCH_FLAGS ?=
 bench: install
-	$(BIN)/python bench/run.py
+	@set -e; for b in bench/bench_*.py; do echo "== $(BIN)/python $$b $(BENCH_FLAGS)"; $(BIN)/python $$b $(BENCH_FLAGS); done
+
+# The README's tour and worked example, run as written on a 40-document corpus.
+tour: install
+	$(BIN)/python -m pytest -q tests/test_readme_tour.py
 
 clean:
 	rm -rf .funnel build *.egg-info

@@ -9,10 +9,10 @@
    ``write_dense_shard`` + ``build_dense_index``; batch and one-query-per-call q/s and
    recall@10 against exact search (``IndexFlatIP``, the baseline) over an nprobe sweep.
 
-Writes its section of ``bench/RESULTS.md`` between ``<!-- dense:start -->`` and
-``<!-- dense:end -->``. Usage::
+Prints its section of ``bench/RESULTS.md`` (between ``<!-- dense:start -->`` and
+``<!-- dense:end -->``); ``--write`` records it there. Usage::
 
-    .venv/bin/python bench/bench_dense.py [--docs 300] [--ray] [--n 100000]
+    .venv/bin/python bench/bench_dense.py [--docs 300] [--ray] [--n 100000] [--data DIR] [--write]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 
@@ -30,15 +31,16 @@ import numpy as np
 from funnel.pipelines.embed import EmbedBatch
 from funnel.pipelines.vectors import build_dense_index, read_index, search_shards, write_dense_shard
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCIFACT = os.environ.get("SCIFACT_CORPUS", "/work/shared/data/beir/scifact/corpus.jsonl")
-START, END = "<!-- dense:start -->", "<!-- dense:end -->"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import add_common_arguments, dataset_dir, report  # noqa: E402
+
+TITLE = "Dense retrieval (bench/bench_dense.py)"
 SPEC = {"kind": "sentence-transformers", "model": "all-MiniLM-L6-v2", "device": "cpu", "batch_size": 64}
 
 
-def load_docs(n: int) -> dict[str, np.ndarray]:
+def load_docs(corpus: str, n: int) -> dict[str, np.ndarray]:
     rows = []
-    with open(SCIFACT) as f:
+    with open(corpus) as f:
         for line in f:
             rows.append(json.loads(line))
             if len(rows) == n:
@@ -166,8 +168,7 @@ def bench_faiss(n: int, dim: int, nq: int, n_shards: int = 4) -> dict:
 
 
 def render(emb: dict, fa: dict, cmd: str, load: tuple[float, float]) -> str:
-    lines = [START, "## Dense retrieval (bench/bench_dense.py)", "",
-             f"`{cmd}` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, CPU only, "
+    lines = [f"`{cmd}` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, CPU only, "
              f"faiss {faiss.__version__}; load average {load[0]:.1f} at start, {load[1]:.1f} at end "
              f"(the machine is shared: absolute numbers are noisy, the same-run ratios less so).", "",
              f"**Embedding** all-MiniLM-L6-v2, {emb['docs']} SciFact documents (title + text), batch {emb['batch']}, "
@@ -199,42 +200,32 @@ def render(emb: dict, fa: dict, cmd: str, load: tuple[float, float]) -> str:
         tag = " (default)" if r["default"] else ""
         lines.append(f"| {r['nprobe']}{tag} | {r['recall']:.4f} | {r['batch_qps']:,.0f} | {r['single_qps_1t']:,.0f} "
                      f"| {r['single_qps']:,.0f} |")
-    return "\n".join(lines + ["", END])
-
-
-def write_section(section: str, path: str = os.path.join(HERE, "RESULTS.md")) -> None:
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    if START in text and END in text:
-        text = text[:text.index(START)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    return "\n".join(lines)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--docs", type=int, default=300)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--ray", action="store_true", help="also run through ray.data map_batches (1 actor)")
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--queries", type=int, default=1000)
-    p.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--docs", type=int, default=300, help="SciFact documents to embed (default %(default)s)")
+    p.add_argument("--batch", type=int, default=64, help="embedding batch size (default %(default)s)")
+    p.add_argument("--ray", action="store_true",
+                   help="also run through ray.data map_batches (the build job's 2-actor CPU pool)")
+    p.add_argument("--n", type=int, default=100_000, help="synthetic vectors for FAISS (default %(default)s)")
+    p.add_argument("--dim", type=int, default=384, help="their dimension (default %(default)s)")
+    p.add_argument("--queries", type=int, default=1000, help="FAISS queries (default %(default)s)")
+    add_common_arguments(p)
     a = p.parse_args()
+    corpus = os.path.join(dataset_dir(a.data, "scifact"), "corpus.jsonl")
     load0 = os.getloadavg()[0]
-    emb = bench_embedding(load_docs(a.docs), a.batch, a.ray)
+    emb = bench_embedding(load_docs(corpus, a.docs), a.batch, a.ray)
     print(json.dumps(emb, indent=1))
     fa = bench_faiss(a.n, a.dim, a.queries)
     print(json.dumps(fa, indent=1))
     flags = " ".join(f for f, on in (("--ray", a.ray),) if on)
-    section = render(emb, fa, f"python bench/bench_dense.py --docs {a.docs} {flags}".strip(),
-                     (load0, os.getloadavg()[0]))
-    print(section)
-    if not a.no_write:
-        write_section(section)
+    body = render(emb, fa, f"python bench/bench_dense.py --docs {a.docs} {flags}".strip(),
+                  (load0, os.getloadavg()[0]))
+    report("dense", TITLE, body, a.write)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """Hybrid quality table and per-stage latency on SciFact and NFCorpus.
 
-    .venv/bin/python bench/bench_hybrid.py
+    .venv/bin/python bench/bench_hybrid.py [--datasets scifact,nfcorpus] [--data DIR] [--write]
 
-Builds (or reuses, via `funnel eval`'s index location .funnel/indexes/NAME) dense indexes,
+Builds (or reuses, at `funnel eval`'s index location .funnel/indexes/NAME) dense indexes,
 then evaluates bm25, dense and each fusion / second-stage option on the test split, and
 times single hybrid queries (p50/p95 per stage) on SciFact. Baselines named in the table:
-the bm25 and dense rows of the same run. Writes its section of bench/RESULTS.md.
+the bm25 and dense rows of the same run. Prints its section of bench/RESULTS.md; --write
+records it there.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -18,36 +20,52 @@ import time
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
-from results import write_section  # noqa: E402
+from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "..", "..", "shared", "data", "beir")
-
-CONFIGS = [  # (label, mode, options)
+CONFIGS = [  # (label, mode, options): every option explicit, so a row measures what it says
     ("bm25", "bm25", {}),
     ("dense (MiniLM-L6)", "dense", {}),
-    ("RRF k=60", "hybrid", {"top_rank_bonus": None}),
-    ("RRF k=60 + top-rank bonus (default)", "hybrid", {}),
-    ("RRF, BM25 list weight 2", "hybrid", {"top_rank_bonus": None, "bm25_weight": 2.0}),
+    ("RRF k=60", "hybrid", {"fusion": "rrf", "top_rank_bonus": None}),
+    ("RRF k=60 + top-rank bonus", "hybrid", {"fusion": "rrf"}),
+    ("RRF, BM25 list weight 2", "hybrid", {"fusion": "rrf", "top_rank_bonus": None, "bm25_weight": 2.0}),
     ("convex α=0.55 (min-max)", "hybrid", {"fusion": "convex", "alpha": 0.55}),
 ]
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[4:]))
+    p.add_argument("--datasets", default="scifact,nfcorpus", help="comma-separated (default %(default)s)")
+    p.add_argument("--indexes", default=os.path.join(".funnel", "indexes"),
+                   help="where the dense indexes are built or reused, one folder per dataset "
+                        "(default %(default)s, as `funnel eval`)")
+    add_common_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    dirs = {ds: dataset_dir(a.data, ds) for ds in a.datasets.split(",")}
     from funnel.serving.cli import ensure_index
     from funnel.evaluation.evaluate import load_beir
     from funnel.evaluation.metrics import evaluate, exclude_self
+    from funnel.serving.hybrid import HybridConfig
     from funnel.serving.search import open_index
+    default = HybridConfig()
+
+    def is_default(mode, opts):
+        return mode == "hybrid" and HybridConfig.from_options(default, dict(opts)) == default
     lines = ["Command: `.venv/bin/python bench/bench_hybrid.py`. Test split, k=100 per list, "
              "MiniLM-L6 (all-MiniLM-L6-v2) for dense, real Lucene-parity BM25. No reranker row: no "
              "pretrained cross-encoder is available offline here, and a bi-encoder second stage "
              "with the only offline embedder (the same MiniLM) would re-score with the dense "
              "list's own similarity. q/s is batch throughput including query embedding.", ""]
     lat_lines = []
-    for ds in ("scifact", "nfcorpus"):
-        root = ensure_index(os.path.join(DATA, ds), None, True, 4)
+    for ds, ddir in dirs.items():
+        root = ensure_index(ddir, os.path.join(a.indexes, ds), True, 4)
         ix = open_index(root)
-        queries, qrels = load_beir(os.path.join(DATA, ds))
+        queries, qrels = load_beir(ddir)
         rows = []
         configs = list(CONFIGS)
         for label, mode, opts in configs:
@@ -57,6 +75,7 @@ def main():
             secs = time.perf_counter() - t
             m, _ = evaluate(exclude_self({q: dict(h) for q, h in run.items()}), qrels,
                             ["ndcg@10", "recall@10", "recall@100"])
+            label += " (default)" if is_default(mode, opts) else ""
             rows.append((label, m, len(queries) / secs))
             print(ds, label, {k: round(v, 4) for k, v in m.items()}, flush=True)
         best_single = max(rows[0][1]["ndcg@10"], rows[1][1]["ndcg@10"])
@@ -85,8 +104,8 @@ def main():
                 v = sorted(v)
                 lat_lines.append(f"| {st} | {statistics.median(v):.2f} | {v[int(0.95 * (len(v) - 1))]:.2f} |")
             lat_lines.append("")
-    write_section("hybrid", "Hybrid retrieval: quality per configuration and latency per stage",
-                  "\n".join(lines + lat_lines))
+    report("hybrid", "Hybrid retrieval: quality per configuration and latency per stage",
+           "\n".join(lines + lat_lines), a.write)
 
 
 if __name__ == "__main__":

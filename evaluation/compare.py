@@ -9,7 +9,9 @@ same queries, so paired tests are the right tools (Smucker, Allan & Carterette 2
 * ``hit``: at least one relevant document (grade >= 1) is in its top k, or
 * ``recall``: every relevant document is in its top k (recall@k == 1.0).
 
-Queries without relevant documents, or missing from a run, are failures. Over all qrels
+Queries without relevant documents, or missing from a run, are failures. The top k, like
+every figure here, follows trec_eval's order (score desc, ties by docid desc) unless
+``ties="rank"`` asks for the run's own order (ties by docid asc). Over all qrels
 queries the 2x2 table counts a = both succeed, b = only A, c = only B, d = neither.
 McNemar's test uses only the discordant pairs b and c; under H0 each is B(b+c, 1/2):
 
@@ -35,7 +37,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .metrics import evaluate, format_table
-from .trec import ranked_docids
+from .trec import check_ties, ranked_docids
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class Comparison:
     worsened: tuple[FlippedQuery, ...]  # only A succeeds (the b cell)
     per_query: tuple[tuple[str, float, float], ...]  # (qid, metric A, metric B)
     verdict: str
+    ties: str = "trec_eval"  # tie order of every top k and metric (see funnel.evaluation.trec)
 
     def to_dict(self) -> dict:
         """A JSON-serializable dict of every field."""
@@ -116,7 +119,7 @@ class Comparison:
         """A readable report: 2x2 table, p-values, flipped queries, verdict."""
         A, B, m, r = self.name_a, self.name_b, self.mcnemar, self.randomization
         label = f"success@{self.k} ({self.success})"
-        lines = [f"{A} vs {B}: {label}, {self.n_queries} queries", ""]
+        lines = [f"{A} vs {B}: {label}, {self.n_queries} queries, tie order {self.ties}", ""]
         lines.append(format_table(
             [{label: f"{A} right", f"{B} right": self.a, f"{B} wrong": self.b},
              {label: f"{A} wrong", f"{B} right": self.c, f"{B} wrong": self.d}]))
@@ -145,6 +148,7 @@ def success_at_k(
     qrels: Mapping[str, Mapping[str, int]],
     k: int = 10,
     success: str = "hit",
+    ties: str = "trec_eval",
 ) -> dict[str, bool]:
     """Per-query success@k for every qrels query (see the module docstring).
 
@@ -153,18 +157,22 @@ def success_at_k(
     run, qrels : Mapping
         ``{qid: {docid: score}}`` and ``{qid: {docid: grade}}``.
     k : int
-        Rank cutoff; the top k follows trec_eval's order (score desc, docid desc).
+        Rank cutoff.
     success : {"hit", "recall"}
         ``hit``: any relevant document in the top k; ``recall``: all of them.
+    ties : {"trec_eval", "rank"}
+        Order of the top k: trec_eval's (score desc, docid desc; default) or the run's
+        own (docid asc); see :func:`funnel.evaluation.trec.ranked_docids`.
     """
     if success not in SUCCESS_MODES:
         raise ValueError(f"unknown success mode {success!r}; choose one of {', '.join(SUCCESS_MODES)}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    check_ties(ties)
     out: dict[str, bool] = {}
     for qid, judged in qrels.items():
         relevant = {d for d, g in judged.items() if g >= 1}
-        top = set(ranked_docids(run.get(qid, {}), k))
+        top = set(ranked_docids(run.get(qid, {}), k, ties))
         found = len(relevant & top)
         out[qid] = bool(relevant) and (found > 0 if success == "hit" else found == len(relevant))
     return out
@@ -282,6 +290,7 @@ def compare_runs(
     exact_threshold: int = 25,
     name_a: str = "A",
     name_b: str = "B",
+    ties: str = "trec_eval",
 ) -> Comparison:
     """Compare run B against run A on every qrels query.
 
@@ -305,6 +314,8 @@ def compare_runs(
         McNemar uses the exact binomial p when b + c is below this.
     name_a, name_b : str
         Labels used in the verdict and text.
+    ties : {"trec_eval", "rank"}
+        Tie order for success@k and the per-query metric (default trec_eval's).
 
     Returns
     -------
@@ -312,12 +323,12 @@ def compare_runs(
     """
     if not qrels:
         raise ValueError("qrels are empty; pass the judgements for the queries both runs answered")
-    sa, sb = success_at_k(run_a, qrels, k, success), success_at_k(run_b, qrels, k, success)
+    sa, sb = success_at_k(run_a, qrels, k, success, ties), success_at_k(run_b, qrels, k, success, ties)
     a, b, c, d = contingency(sa, sb)
     mc = mcnemar(b, c, exact_threshold)
 
-    _, pq_a = evaluate(run_a, qrels, (metric,))
-    _, pq_b = evaluate(run_b, qrels, (metric,))
+    _, pq_a = evaluate(run_a, qrels, (metric,), ties)
+    _, pq_b = evaluate(run_b, qrels, (metric,), ties)
     qids = list(qrels)
     va = np.array([pq_a[q][metric] for q in qids])
     vb = np.array([pq_b[q][metric] for q in qids])
@@ -337,5 +348,5 @@ def compare_runs(
         name_a=name_a, name_b=name_b, k=k, success=success, n_queries=len(qids), a=a, b=b, c=c, d=d,
         alpha=alpha, mcnemar=mc, randomization=rnd, improved=flipped(False), worsened=flipped(True),
         per_query=tuple((q, float(x), float(y)) for q, x, y in zip(qids, va, vb)),
-        verdict=_verdict(k, success, name_a, name_b, mc, rnd, alpha),
+        verdict=_verdict(k, success, name_a, name_b, mc, rnd, alpha), ties=ties,
     )

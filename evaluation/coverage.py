@@ -1,4 +1,4 @@
-"""Answer coverage for question-answering collections.
+r"""Answer coverage for question-answering collections.
 
 Why: QA sets (Natural Questions, TriviaQA, HotpotQA) often come with answer strings
 rather than complete relevance judgements; what a reader model needs is a passage that
@@ -7,11 +7,15 @@ contains the answer. Following DPR (Karpukhin et al. 2020, "top-k retrieval accu
     coverage@k = |{q : some gold answer of q occurs in the text of q's top k documents}|
                  / |{q : q has at least one gold answer}|
 
-Matching is SQuAD-style: both sides are normalized (lowercase, punctuation removed, the
-articles a/an/the removed, whitespace collapsed) and an answer matches when its
-normalized tokens occur as a contiguous token sequence of the normalized text (so "cat"
-does not match "concatenate"). A query with answers but no run results counts as not
-covered; queries without any usable answer are left out of the denominator.
+Matching is DPR's ``has_answer`` (``dpr/data/qa_validation.py``, ``match_type="string"``):
+both sides are NFD-normalized and split by DPR's ``SimpleTokenizer`` into tokens that are
+either runs of letters, digits and combining marks (``[\p{L}\p{N}\p{M}]+``) or single
+other non-space characters (``[^\p{Z}\p{C}]``), lowercased; an answer matches when its
+token sequence occurs contiguously in the text's. So "year—ChatGPT" contains "ChatGPT",
+"A350-900" matches "A350-900" but not "A350900", "cat" does not match "concatenate", and a
+composed "café" matches a decomposed one (accents are kept, not stripped: "cafe" does not
+match "café"). A query with answers but no run results counts as not covered; answers
+without any token are ignored, and queries left without an answer are not counted.
 
 Answers come from BEIR ``queries.jsonl`` metadata (``metadata.answers``: list, or
 ``metadata.answer``: string) or a JSON file ``{qid: [answers]}`` (see :func:`load_answers`).
@@ -21,33 +25,38 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import string
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 
-from .trec import PathLike, open_text, ranked_docids, read_query_records
+import regex
+
+from .trec import PathLike, check_ties, open_text, ranked_docids, read_query_records
 
 logger = logging.getLogger(__name__)
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans("", "", string.punctuation)
+# DPR's SimpleTokenizer (dpr/utils/tokenizers.py): alphanumeric runs, or one non-space char.
+_DPR_TOKEN = regex.compile(r"[\p{L}\p{N}\p{M}]+|[^\p{Z}\p{C}]", flags=regex.UNICODE | regex.MULTILINE)
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD v1.1 ``normalize_answer``: lowercase, drop punctuation and articles, squeeze spaces."""
-    text = text.lower().translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+def answer_tokens(text: str) -> tuple[str, ...]:
+    """DPR ``has_answer`` tokens of ``text``: NFD-normalized, SimpleTokenizer, lowercased."""
+    return tuple(m.lower() for m in _DPR_TOKEN.findall(unicodedata.normalize("NFD", text)))
+
+
+def _contains_tokens(haystack: Sequence[str], needle: Sequence[str]) -> bool:
+    n = len(needle)
+    if n == 0:
+        return False  # DPR would match an empty answer everywhere; it is no answer
+    first = needle[0]
+    return any(haystack[i] == first and tuple(haystack[i:i + n]) == tuple(needle)
+               for i in range(len(haystack) - n + 1))
 
 
 def contains_answer(text: str, answers: Sequence[str]) -> bool:
-    """True when any normalized answer occurs as a whole-token span of normalized ``text``."""
-    haystack = f" {normalize_answer(text)} "
-    for ans in answers:
-        needle = normalize_answer(ans)
-        if needle and f" {needle} " in haystack:
-            return True
-    return False
+    """True when the tokens of any answer occur as a contiguous token sequence of ``text``
+    (DPR ``has_answer``; see the module docstring)."""
+    haystack = answer_tokens(text)
+    return any(_contains_tokens(haystack, answer_tokens(a)) for a in answers)
 
 
 def _as_answer_list(value: object, where: str) -> list[str]:
@@ -92,7 +101,8 @@ def load_answers(path: PathLike) -> dict[str, list[str]]:
         if value is not None:
             answers[qid] = _as_answer_list(value, f"{path}: query {qid!r} metadata")
     if not answers:
-        logger.warning("%s: no query has metadata.answers or metadata.answer", path)
+        # Most BEIR sets have no answers: not a problem, coverage is simply not computed.
+        logger.info("%s: no query has metadata.answers or metadata.answer; no answer coverage", path)
     return answers
 
 
@@ -101,19 +111,22 @@ def answer_coverage(
     doc_text: Callable[[str], str] | Mapping[str, str],
     answers: Mapping[str, Sequence[str]],
     ks: Sequence[int] = (5, 10),
+    ties: str = "trec_eval",
 ) -> dict:
     """Fraction of queries whose top-k documents contain a gold answer.
 
     Parameters
     ----------
     run : Mapping[str, Mapping[str, float]]
-        ``{qid: {docid: score}}``; the top k follows trec_eval's order.
+        ``{qid: {docid: score}}``.
     doc_text : Callable[[str], str] or Mapping[str, str]
         The text of a document by id (e.g. title + text from the corpus).
     answers : Mapping[str, Sequence[str]]
         Gold answers by query id (:func:`load_answers`).
     ks : Sequence[int]
         Cutoffs to report.
+    ties : {"trec_eval", "rank"}
+        Order of the top k: trec_eval's (score desc, docid desc; default) or the run's own.
 
     Returns
     -------
@@ -123,6 +136,7 @@ def answer_coverage(
     """
     if not ks or any(k < 1 for k in ks):
         raise ValueError(f"ks must be positive cutoffs, got {list(ks)}")
+    check_ties(ties)
     if isinstance(doc_text, Mapping):
         texts = doc_text
 
@@ -136,7 +150,7 @@ def answer_coverage(
     else:
         get_text = doc_text
 
-    usable = {q: [a for a in ans if normalize_answer(a)] for q, ans in answers.items()}
+    usable = {q: [t for t in map(answer_tokens, ans) if t] for q, ans in answers.items()}
     skipped = [q for q, ans in usable.items() if not ans]
     if skipped:
         logger.info("%d queries have no usable answer and are not counted", len(skipped))
@@ -145,11 +159,19 @@ def answer_coverage(
         raise ValueError("no query has a non-empty gold answer; check the answers file")
 
     kmax = max(ks)
+    doc_tokens: dict[str, tuple[str, ...]] = {}  # a document is tokenized once, whatever the query
+
+    def tokens_of(docid: str) -> tuple[str, ...]:
+        if docid not in doc_tokens:
+            doc_tokens[docid] = answer_tokens(get_text(docid))
+        return doc_tokens[docid]
+
     per_query: dict[str, dict[str, bool]] = {}
     for qid, ans in usable.items():
-        top = ranked_docids(run.get(qid, {}), kmax)
+        top = ranked_docids(run.get(qid, {}), kmax, ties)
         # rank of the first document containing an answer, or None
-        first = next((i for i, d in enumerate(top, start=1) if contains_answer(get_text(d), ans)), None)
+        first = next((i for i, d in enumerate(top, start=1)
+                      if any(_contains_tokens(tokens_of(d), a) for a in ans)), None)
         per_query[qid] = {f"coverage@{k}": first is not None and first <= k for k in ks}
     n = len(per_query)
     result: dict = {"n_queries": n}

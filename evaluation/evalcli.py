@@ -51,18 +51,18 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     p.add_argument("run_a", metavar="RUN_A", help="baseline TREC run (qid Q0 docid rank score tag; .gz ok)")
     p.add_argument("run_b", metavar="RUN_B", help="candidate TREC run")
-    p.add_argument("--qrels", required=True, help="BEIR qrels .tsv or TREC qrels")
-    p.add_argument("--queries", help="BEIR queries.jsonl, to show the text of flipped queries")
-    p.add_argument("--k", type=_positive_int, default=10, help="cutoff for success@k (default 10)")
+    p.add_argument("--qrels", required=True, help="BEIR qrels .tsv or TREC qrels (required)")
+    p.add_argument("--queries", help="BEIR queries.jsonl, to show the text of flipped queries (default: ids only)")
+    p.add_argument("--k", type=_positive_int, default=10, help="cutoff for success@k (default: %(default)s)")
     p.add_argument("--success", choices=SUCCESS_MODES, default="hit",
-                   help="hit: any relevant doc in top k; recall: all relevant docs in top k (default hit)")
+                   help="hit: any relevant doc in top k; recall: all relevant docs in top k (default: %(default)s)")
     p.add_argument("--permutations", type=_positive_int, default=10000,
-                   help="sign flips for the randomization test (default 10000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for randomization and bootstrap (default 0)")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict (default 0.05)")
-    p.add_argument("--name-a", default="A", help="label of RUN_A in the output (default A)")
-    p.add_argument("--name-b", default="B", help="label of RUN_B in the output (default B)")
-    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+                   help="sign flips for the randomization test (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for randomization and bootstrap (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict (default: %(default)s)")
+    p.add_argument("--name-a", default="A", help="label of RUN_A in the output (default: %(default)s)")
+    p.add_argument("--name-b", default="B", help="label of RUN_B in the output (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON (default: off)")
     # cli.py dispatches on `fn`; `func` is the argparse idiom other front ends expect.
     p.set_defaults(func=run_compare, fn=run_compare)
     return p

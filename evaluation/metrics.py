@@ -19,6 +19,18 @@ Metrics, for a query with graded judgements ``rel(d)`` and ranking ``d_1, d_2, .
 A document is relevant when its grade is >= 1. The mean is over all qrels queries; a
 qrels query missing from the run scores 0 on every metric. Run queries absent from the
 qrels are ignored.
+
+Tie order. By default (``ties="trec_eval"``) pytrec_eval receives the run's real scores,
+so tied documents are ordered as trec_eval orders them (docid descending) and the figure
+is the one trec_eval prints for the written run (:func:`~funnel.evaluation.trec.write_run`
+writes exact scores, so file and memory agree). ``ties="rank"`` evaluates the system's own
+order instead (ties by docid ascending, funnel's rule) by handing pytrec_eval rank-based
+scores. The two differ only where scores tie, i.e. on collections with duplicate
+documents: funnel's BM25 on NFCorpus prints NDCG@10 0.3206 (trec_eval) vs 0.3218 (rank).
+Note that Anserini/Pyserini runs carry no exact ties (its tie-breaking reranker rounds
+scores to 4 decimals and perturbs tied ones so that docids sort ascending), so trec_eval
+on them gives the docid-ascending figure: Pyserini's published NFCorpus 0.3218. Label
+which order a figure uses (:func:`describe_ties`).
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Any
 
 import pytrec_eval
 
-from .trec import Qrels, Run, ranked_docids
+from .trec import Qrels, Run, check_ties, ranked_docids
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +63,15 @@ def parse_metric(name: str) -> tuple[str, int]:
     return base, int(k_s)
 
 
-def cut_run(run: Mapping[str, Mapping[str, float]], k: int) -> Run:
-    """Keep the top ``k`` documents of each query, in trec_eval's ranking order."""
-    return {qid: {d: float(docs[d]) for d in ranked_docids(docs, k)} for qid, docs in run.items()}
+def describe_ties(ties: str) -> str:
+    """A one-line label for reports and summaries, e.g. ``"trec_eval (score desc, ties by docid desc: ...)"``."""
+    return {"trec_eval": "trec_eval (score desc, ties by docid desc: what trec_eval prints for the written run)",
+            "rank": "rank (score desc, ties by docid asc: funnel's own order, not trec_eval's re-sort)"}[check_ties(ties)]
+
+
+def cut_run(run: Mapping[str, Mapping[str, float]], k: int, ties: str = "trec_eval") -> Run:
+    """Keep the top ``k`` documents of each query, in the ``ties`` order (trec_eval's by default)."""
+    return {qid: {d: float(docs[d]) for d in ranked_docids(docs, k, ties)} for qid, docs in run.items()}
 
 
 def exclude_self(run: Mapping[str, Mapping[str, float]]) -> Run:
@@ -75,16 +93,20 @@ def exclude_self(run: Mapping[str, Mapping[str, float]]) -> Run:
     return {qid: {d: s for d, s in docs.items() if d != qid} for qid, docs in run.items()}
 
 
-def _as_pytrec(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> tuple[Run, Qrels]:
+def _as_pytrec(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+               ties: str = "trec_eval") -> tuple[Run, Qrels]:
     qrels_ = {str(q): {str(d): int(g) for d, g in docs.items()} for q, docs in qrels.items()}
-    # Rank-based scores in funnel's order (score desc, docid asc): trec_eval would otherwise
-    # re-break exact ties by docid descending and evaluate a ranking nobody produced.
     run_ = {}
     for q, docs in run.items():
         if str(q) not in qrels_:
             continue
-        order = ranked_docids({str(d): float(s) for d, s in docs.items()})
-        run_[str(q)] = {d: float(len(order) - i) for i, d in enumerate(order)}
+        scores = {str(d): float(s) for d, s in docs.items()}
+        if ties == "trec_eval":
+            run_[str(q)] = scores  # real scores: trec_eval sorts them itself
+        else:
+            # Rank-based scores in funnel's order (score desc, docid asc) leave trec_eval no tie to break.
+            order = ranked_docids(scores, ties="rank")
+            run_[str(q)] = {d: float(len(order) - i) for i, d in enumerate(order)}
     return run_, qrels_
 
 
@@ -92,6 +114,7 @@ def evaluate(
     run: Mapping[str, Mapping[str, float]],
     qrels: Mapping[str, Mapping[str, int]],
     metrics: Sequence[str] = DEFAULT_METRICS,
+    ties: str = "trec_eval",
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Evaluate a run against qrels with pytrec_eval, BEIR-style.
 
@@ -103,6 +126,10 @@ def evaluate(
         ``{qid: {docid: grade}}``.
     metrics : Sequence[str]
         Names ``NAME@K`` with NAME in ndcg, recall, precision, map, mrr.
+    ties : {"trec_eval", "rank"}
+        ``"trec_eval"`` (default): what trec_eval prints for the run as written (ties by
+        docid descending). ``"rank"``: the run's own order (ties by docid ascending). They
+        differ only where scores tie; see the module docstring.
 
     Returns
     -------
@@ -114,8 +141,9 @@ def evaluate(
     """
     if not qrels:
         raise ValueError("qrels are empty; pass the judgements for the queries you ran")
+    check_ties(ties)
     parsed = [(m, *parse_metric(m)) for m in metrics]
-    run_, qrels_ = _as_pytrec(run, qrels)
+    run_, qrels_ = _as_pytrec(run, qrels, ties)
     missing = [q for q in qrels_ if not run_.get(q)]
     if missing:
         logger.info("%d of %d qrels queries have no run results; they score 0", len(missing), len(qrels_))
@@ -138,7 +166,7 @@ def evaluate(
         results = pytrec_eval.RelevanceEvaluator(qrels_, spec).evaluate(run_)
     mrr_results: dict[int, dict[str, dict[str, float]]] = {}
     for k in sorted(set(mrr_ks.values())):
-        mrr_results[k] = pytrec_eval.RelevanceEvaluator(qrels_, {"recip_rank"}).evaluate(cut_run(run_, k))
+        mrr_results[k] = pytrec_eval.RelevanceEvaluator(qrels_, {"recip_rank"}).evaluate(cut_run(run_, k, ties))
 
     per_query: dict[str, dict[str, float]] = {}
     for qid in qrels_:

@@ -132,6 +132,7 @@ def write_report(
     metrics_by_mode: Mapping[str, Mapping[str, float]],
     comparisons: Sequence[Comparison],
     png_path: PathLike | None,
+    notes: Sequence[str] = (),
 ) -> Path:
     """Write the markdown evaluation report (and its per-query difference plot).
 
@@ -145,6 +146,9 @@ def write_report(
         Each other mode compared with the baseline (:func:`compare_runs`).
     png_path : str or PathLike or None
         Where to draw one panel per comparison; linked from the report. ``None`` skips it.
+    notes : Sequence[str]
+        Settings that decide how the figures compare with published ones (tie order,
+        remove-query, skipped queries), listed under the metrics table.
 
     Returns
     -------
@@ -159,6 +163,8 @@ def write_report(
             logger.warning("comparison %s vs %s is not against the baseline %s", c.name_b, c.name_a, baseline)
     lines = ["# Evaluation report", "", "## Metrics", ""]
     lines.append(format_table([{"mode": mode, **dict(vals)} for mode, vals in metrics_by_mode.items()]))
+    if notes:
+        lines += [f"- {n}" for n in notes] + [""]
     if comparisons:
         lines += [f"## Paired comparisons against {baseline}", ""]
         if png_path is not None:

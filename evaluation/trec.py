@@ -6,9 +6,11 @@ compared without an index. The formats are:
 
 * **TREC run**: one line per retrieved document, ``qid Q0 docid rank score tag``
   (whitespace separated). trec_eval ignores the ``rank`` column and re-sorts each query
-  by ``score`` descending, breaking ties by ``docid`` in *descending* string order;
-  :func:`write_run` writes ranks 1..n in score-descending order with ties broken by
-  ``docid`` ascending (see :func:`ranked_docids` for the order the metrics use).
+  by ``score`` descending, breaking ties by ``docid`` in *descending* string order; every
+  figure funnel prints follows that order by default (:func:`ranked_docids`).
+  :func:`write_run` writes ranks 1..n in funnel's own order (ties by ``docid``
+  ascending, Anserini's rule) and the exact scores, so trec_eval on the file and
+  :func:`funnel.evaluation.metrics.evaluate` on the run in memory print the same figure.
 * **qrels**: BEIR ``qrels/<split>.tsv`` (``query-id<TAB>corpus-id<TAB>score`` with a
   header line) or TREC qrels (``qid 0 docid rel``). Relevance is an integer grade;
   a document is relevant when its grade is >= 1 (trec_eval's default).
@@ -27,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
@@ -56,8 +59,18 @@ def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
                 yield lineno, line
 
 
-def ranked_docids(scores: Mapping[str, float], k: int | None = None) -> list[str]:
-    """Doc ids of one query in trec_eval's ranking order, optionally cut at ``k``.
+TIE_ORDERS = ("trec_eval", "rank")
+
+
+def check_ties(ties: str) -> str:
+    """Validate a tie-order name (see :func:`ranked_docids`); returns it."""
+    if ties not in TIE_ORDERS:
+        raise ValueError(f"unknown tie order {ties!r}; choose one of {', '.join(TIE_ORDERS)}")
+    return ties
+
+
+def ranked_docids(scores: Mapping[str, float], k: int | None = None, ties: str = "trec_eval") -> list[str]:
+    """Doc ids of one query in ranking order, optionally cut at ``k``.
 
     Parameters
     ----------
@@ -65,15 +78,21 @@ def ranked_docids(scores: Mapping[str, float], k: int | None = None) -> list[str
         ``{docid: score}`` for one query.
     k : int, optional
         Keep only the first ``k`` documents.
+    ties : {"trec_eval", "rank"}
+        ``"trec_eval"`` (default): score descending, ties by docid *descending*, the order
+        trec_eval (``form_res_rels.c``: ``strcmp(d2, d1)``) evaluates, so every cut agrees
+        with the published figures. ``"rank"``: score descending, ties by docid ascending,
+        the order funnel (and Anserini) rank in and :func:`write_run` writes.
 
     Returns
     -------
     list[str]
-        Sorted by score descending, ties by docid ascending: the order funnel ranks in and
-        Anserini's tie rule. (trec_eval itself breaks ties by docid descending; the metrics
-        hand it rank-based scores in this order, so every cut agrees with the written run.)
     """
-    order = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    if check_ties(ties) == "trec_eval":
+        # Python compares str by code point, which for UTF-8 is strcmp's byte order.
+        order = sorted(scores.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    else:
+        order = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
     docids = [d for d, _ in order]
     return docids if k is None else docids[:k]
 
@@ -123,6 +142,48 @@ def read_run(path: PathLike) -> Run:
     return run
 
 
+TIEBREAK_DECIMALS = 4
+TIEBREAK_STEP = 1e-6
+
+
+def tiebreak(docs: Mapping[str, float]) -> dict[str, float]:
+    """Scores of one query as Anserini writes them: no exact ties left.
+
+    Anserini's ``ScoreTiesAdjusterReranker`` (behind every Pyserini BEIR figure) rounds each
+    score to 4 decimals, orders by rounded score descending and docid ascending, and lowers
+    the i-th document of a group of equal rounded scores by ``i · 1e-6`` (4.6189, 4.618899,
+    ...). trec_eval re-sorts exact ties by docid *descending*; a run with no exact ties is
+    evaluated in the order it was written. Writing runs this way is what makes trec_eval of
+    funnel's run file print the published figure (NFCorpus BM25 NDCG@10 0.3218; with the raw
+    scores, whose exact ties trec_eval re-sorts by docid descending, it prints 0.3206).
+
+    Parameters
+    ----------
+    docs : Mapping[str, float]
+        ``{docid: score}`` for one query.
+
+    Returns
+    -------
+    dict[str, float]
+        ``{docid: adjusted score}`` in ranking order, rounded to 6 decimals so the values
+        survive a round trip through a run file unchanged.
+    """
+    rounded = sorted(((round(float(s), TIEBREAK_DECIMALS), d) for d, s in docs.items()),
+                     key=lambda sd: (-sd[0], sd[1]))
+    out: dict[str, float] = {}
+    prev, dup = None, 0
+    for score, docid in rounded:
+        dup = dup + 1 if score == prev else 0
+        prev = score
+        out[docid] = round(score - dup * TIEBREAK_STEP, 6)
+    return out
+
+
+def tiebreak_run(run: Mapping[str, Mapping[str, float]]) -> Run:
+    """:func:`tiebreak` applied to every query of a run."""
+    return {qid: tiebreak(docs) for qid, docs in run.items()}
+
+
 def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], tag: str) -> None:
     """Write ``run`` as a TREC run file (gzip-compressed when ``path`` ends in ``.gz``).
 
@@ -137,25 +198,34 @@ def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], tag: str) 
 
     Notes
     -----
-    Ranks are 1-based, by score descending, ties by docid ascending. Scores are written
-    with ``repr`` so that :func:`read_run` gives back exactly the same floats.
+    Ranks are 1-based, by score descending, ties by docid ascending (funnel's order;
+    trec_eval ignores the rank column). Scores are written with ``repr``, never rounded,
+    so that :func:`read_run` gives back exactly the same floats: the file has exactly the
+    ties the run in memory has, and evaluates to the same figures.
     """
-    if not tag or any(ch.isspace() for ch in tag):
+    if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
     with open_text(path, "w") as f:
         for qid, docs in run.items():
-            for docid in (qid, *docs):
-                if not docid or any(ch.isspace() for ch in str(docid)):
-                    raise ValueError(
-                        f"query {qid!r}: id {docid!r} is empty or contains whitespace, "
-                        "which a TREC run cannot represent"
-                    )
-            ordered = sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))
-            for rank, (docid, score) in enumerate(ordered, start=1):
-                score = float(score)
-                if math.isnan(score):
-                    raise ValueError(f"query {qid!r}, document {docid!r}: score is NaN; fix the scorer")
-                f.write(f"{qid} Q0 {docid} {rank} {score!r} {tag}\n")
+            # One regex over the query's ids concatenated: one C call per query instead of a
+            # Python step per character (write_run was a third of a CLI batch run).
+            if not qid or "" in docs or _BAD_ID.search("".join((str(qid), *map(str, docs)))):
+                bad = next(d for d in (qid, *docs) if not d or _BAD_ID.search(str(d)))
+                raise ValueError(f"query {qid!r}: id {bad!r} is empty or contains whitespace, "
+                                 "which a TREC run cannot represent")
+            if any(map(math.isnan, docs.values())):
+                bad = next(d for d, s in docs.items() if math.isnan(s))
+                raise ValueError(f"query {qid!r}, document {bad!r}: score is NaN; fix the scorer")
+            ordered = sorted(docs.items(), key=_run_order)
+            f.write("".join([f"{qid} Q0 {d} {r} {float(s)!r} {tag}\n"
+                             for r, (d, s) in enumerate(ordered, start=1)]))
+
+
+def _run_order(kv: tuple[str, float]) -> tuple[float, str]:
+    return (-kv[1], kv[0])
+
+
+_BAD_ID = re.compile(r"\s")
 
 
 def _parse_grade(value: str, path: PathLike, lineno: int) -> int:

@@ -3,9 +3,11 @@
     python jobs/build_index.py --corpus PATH --out INDEX_ROOT [--shards N]
     ray job submit --working-dir . -- python jobs/build_index.py --corpus ... --out ...
 
-Local Ray unless RAY_ADDRESS names a cluster. Ray appears only here: the stages are the
-pure functions of ``funnel.pipelines``. The driver holds chunk descriptions and one
-summary row per shard, never the corpus.
+Local Ray unless RAY_ADDRESS names a cluster: with it unset, a fresh local Ray even when a
+``ray start`` cluster runs on the machine; the manifest's ``build.ray`` says which ran it.
+Ray appears only here: the stages are the pure functions of ``funnel.pipelines``. The
+driver holds chunk descriptions and one summary row per shard, never the corpus; workers
+add their progress to a counter actor that the driver logs every few seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+
+from funnel.pipelines.progress import DEFAULT_INTERVAL
 
 log = logging.getLogger("funnel.build")
 
@@ -32,6 +36,8 @@ class BuildReport:
     seconds: float
     stage_seconds: dict = field(default_factory=dict)
     rejects_path: str = ""
+    ray: dict = field(default_factory=dict)      # which Ray ran it (the manifest's build.ray)
+    dense: dict | None = None                    # the manifest's dense section, None without --dense
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -41,23 +47,117 @@ class BuildError(RuntimeError):
     """The build stopped; nothing was published."""
 
 
-def _init_ray(num_cpus: int | None = None) -> None:
+class _DropNotices(logging.Filter):
+    """Drops the log records of a Ray logger that start with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+# Ray notices that read like errors on every normal build, and why each one is noise here:
+# - token auth: Ray 2.60 turns token authentication on for a new local cluster (as it
+#   should) and says so at WARNING level; the cluster stays protected, the notice goes.
+# - progress bars: the build reports its own progress (ProgressLog), so Ray Data's bars are
+#   off and its "Progress bars disabled" warning says nothing.
+_RAY_NOTICES = {
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    "ray.data._internal.progress": ("Progress bars disabled",),
+}
+
+
+def _quiet_ray_notices() -> None:
+    for name, prefixes in _RAY_NOTICES.items():
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotices) for f in lg.filters):
+            lg.addFilter(_DropNotices(prefixes))
+
+
+def _init_ray(num_cpus: int | None = None) -> dict:
+    """Start or join Ray; returns which cluster the build runs on (logged and put in the manifest).
+
+    With RAY_ADDRESS unset this starts a fresh local Ray (``address="local"``) even when a
+    ``ray start`` cluster runs on the machine: the README's "local Ray unless RAY_ADDRESS
+    is set". A Ray that the calling program already initialized is used as it is.
+    """
+    _quiet_ray_notices()
     import ray
+    address = os.environ.get("RAY_ADDRESS") or None
     if ray.is_initialized():
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
+        kind, started_by = "existing", "the calling program"
+    elif address:
+        kind, started_by = "cluster", "RAY_ADDRESS"
+        if num_cpus is not None:
+            log.warning("--num-cpus %d is ignored: RAY_ADDRESS=%s names a cluster", num_cpus, address)
+        ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+        kind, started_by = "local", "funnel"
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=True, logging_level=logging.WARNING)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = sys.stderr.isatty()  # Ray Data's per-stage bars on a terminal
-    if not log.isEnabledFor(logging.DEBUG):
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if kind != "existing":  # the calling program's Ray Data settings stay its own
+        ray.data.DataContext.get_current().enable_progress_bars = False  # ProgressLog reports progress
+        if not log.isEnabledFor(logging.DEBUG):
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+    res = ray.cluster_resources()
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:  # a Ray Client (ray://) session has no GCS address of its own
+        gcs = address
+    info = {"cluster": kind, "started_by": started_by, "address": gcs,
+            "nodes": sum(1 for n in ray.nodes() if n.get("Alive")), "cpus": res.get("CPU", 0),
+            "gpus": res.get("GPU", 0)}
+    what = {"local": "a new local Ray started by funnel (RAY_ADDRESS is unset)",
+            "cluster": f"the Ray cluster at RAY_ADDRESS={address}",
+            "existing": "the Ray this process had already initialized"}[kind]
+    log.info("ray: %s, address %s: %d node(s), %g CPUs, %g GPUs", what, info["address"], info["nodes"],
+             info["cpus"], info["gpus"])
+    return info
 
 
-def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str):
+def _max_restarts(ray_info: dict) -> dict:
+    """Actor fault tolerance for Ray Data actor pools: off on a one-machine Ray.
+
+    Ray Data passes an actor's constructor through the object store and restarts actors
+    forever by default, and Ray logs an error line (core_worker.cc, "constructor arguments
+    in the object store and max_restarts > 0") for every such actor. On one machine a
+    crashed actor means a real fault (say, out of memory) that a restart would only repeat,
+    and a lost node is the whole build anyway; on a RAY_ADDRESS cluster, where nodes come
+    and go (autoscaling, preemption), restarts are worth that line.
+    """
+    one_machine = ray_info.get("cluster") == "local" or (ray_info.get("cluster") == "existing"
+                                                         and ray_info.get("nodes") == 1)
+    return {"max_restarts": 0} if one_machine else {}
+
+
+def _progress_counter():
+    """A Ray actor the workers add their progress to (fire and forget); the driver polls it."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class BuildProgress:
+        def __init__(self):
+            self.counts: dict[str, dict[str, int]] = {}
+
+        def add(self, stage: str, **counts: int) -> None:
+            c = self.counts.setdefault(stage, {})
+            for k, v in counts.items():
+                c[k] = c.get(k, 0) + int(v)
+
+        def get(self) -> dict[str, dict[str, int]]:
+            return self.counts
+
+    return BuildProgress.remote()
+
+
+def _counts(counter, stage: str) -> dict[str, int]:
+    import ray
+    return ray.get(counter.get.remote(), timeout=10).get(stage, {})
+
+
+def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str, counter=None):
     from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk, shard_of
 
     spec = CorpusSpec(**spec_dict)
@@ -65,6 +165,8 @@ def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str):
     def parse(row: dict) -> list[dict]:
         chunk = Chunk(**{k: row[k] for k in ("index", "path", "kind", "start", "end", "row_group")})
         res = read_chunk(chunk, spec)
+        if counter is not None:
+            counter.add.remote("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
         os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
         with open(os.path.join(work_dir, "rejects", f"chunk-{chunk.index:06d}.json"), "w") as f:
             json.dump({"chunk": chunk.index, "path": chunk.path, "lines": res.lines,
@@ -76,15 +178,21 @@ def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str):
     return parse
 
 
-def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict):
+def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None):
     from funnel.pipelines.analysis import AnalyzerConfig
     from funnel.pipelines.shard import build_lexical_shard
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
 
+    def analyzed(n: int) -> None:
+        counter.add.remote("index", docs=n)
+
     def build(batch: dict) -> dict:
         shard = int(batch["shard"][0])
-        s = build_lexical_shard(batch, shard, out_dir, work_dir, cfg)
+        s = build_lexical_shard(batch, shard, out_dir, work_dir, cfg,
+                                progress=analyzed if counter is not None else None)
+        if counter is not None:
+            counter.add.remote("index", shards=1)
         return {k: [v] for k, v in s.items()}
 
     return build
@@ -98,6 +206,17 @@ def _valid_rows(work_dir: str) -> int:
             with open(os.path.join(rdir, name)) as f:
                 n += json.load(f).get("rows", 0)
     return n
+
+
+def _chunks_read(work_dir: str) -> int:
+    rdir = os.path.join(work_dir, "rejects")
+    return sum(1 for n in os.listdir(rdir) if n.startswith("chunk-")) if os.path.isdir(rdir) else 0
+
+
+def _keep_rejects(work_dir: str, out: str, staging: str) -> tuple[str, int]:
+    """The rejects of a build that publishes nothing, kept as ``INDEX_ROOT/rejects-<build id>.jsonl``."""
+    path = os.path.join(out, f"rejects-{os.path.basename(staging).split('-', 1)[1]}.jsonl")
+    return path, _collect_rejects(work_dir, path)
 
 
 def _collect_rejects(work_dir: str, out_path: str) -> int:
@@ -142,12 +261,18 @@ def _collect_rejects(work_dir: str, out_path: str) -> int:
 def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str = "auto",
           id_field: str | None = None, title_field: str = "title", text_field: str = "text",
           keep_versions: int | None = None, dense: bool = False, embed_model: str | None = None,
-          embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None) -> BuildReport:
-    """Build and publish a new index version under ``out``; see the module docstring."""
+          embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None,
+          progress_seconds: float = DEFAULT_INTERVAL) -> BuildReport:
+    """Build and publish a new index version under ``out``; see the module docstring.
+
+    Every ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build``
+    at INFO: stage, documents done, rate, ETA.
+    """
     from funnel.pipelines.analysis import Analyzer
-    from funnel.pipelines.artifacts import new_staging_dir, publish
+    from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
     from funnel.pipelines.postings import finalize_shard
+    from funnel.pipelines.progress import ProgressLog, Status
     from funnel.pipelines.shard import build_lexical_shard, combine_fingerprints, shard_name
     from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
 
@@ -164,21 +289,36 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
     work = os.path.join(out, ".work-" + os.path.basename(staging).split("-", 1)[1])
     os.makedirs(work)
     try:
-        _init_ray(num_cpus)
+        ray_info = _init_ray(num_cpus)
         import ray
+
+        counter = _progress_counter()
+
+        def lexical_status() -> Status:
+            read, index = _counts(counter, "read"), _counts(counter, "index")
+            if read.get("chunks", 0) < len(chunks) or not index:
+                return Status("read + analyze", read.get("docs", 0), fraction=read.get("chunks", 0) / len(chunks),
+                              detail=f"chunk {read.get('chunks', 0)} of {len(chunks)}, "
+                                     f"{read.get('rejects', 0):,} rejected")
+            return Status("index shards", index.get("docs", 0), total=read.get("docs", 0),
+                          detail=f"{index.get('shards', 0)} of {shards} shards written")
 
         t = time.time()
         ds = ray.data.from_items([c.to_dict() for c in chunks], override_num_blocks=max(1, len(chunks)))
-        ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work))
+        ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work, counter))
         try:
-            summaries = (ds.groupby("shard", num_partitions=shards)
-                         .map_groups(_shard_fn(staging, work, analyzer.config.to_dict()), batch_format="numpy")
-                         .take_all())
-        except Exception as e:
-            # Ray Data's shuffle fails on a dataset with no rows at all: say what happened.
-            if _valid_rows(work) == 0:
-                raise BuildError(f"no valid documents in {corpus}; nothing published "
-                                 f"(see the reasons with --strict or in the rejects)") from e
+            with ProgressLog(lexical_status, progress_seconds, log):
+                summaries = (ds.groupby("shard", num_partitions=shards)
+                             .map_groups(_shard_fn(staging, work, analyzer.config.to_dict(), counter),
+                                         batch_format="numpy")
+                             .take_all())
+        except Exception:
+            # Ray Data's shuffle fails on a dataset with no rows at all: say what happened,
+            # and keep the reasons (staging and work are deleted below).
+            if _chunks_read(work) == len(chunks) and _valid_rows(work) == 0:
+                kept, n = _keep_rejects(work, out, staging)
+                raise BuildError(f"no valid documents in {corpus}: all {n} rows were rejected; nothing "
+                                 f"published. The reasons are in {kept}") from None
             raise
         timings["read_analyze_shard"] = round(time.time() - t, 2)
         by_shard = {int(s["shard"]): s for s in summaries}
@@ -190,6 +330,8 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
 
         n_rejects = _collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
+        log.info("lexical: %d documents in %d shards, %d rejected, %.1fs", n_docs, shards, n_rejects,
+                 timings["read_analyze_shard"])
         if n_rejects:
             log.warning("%d rows rejected; see %s", n_rejects, "rejects.jsonl in the new version")
         if strict and n_rejects:
@@ -197,7 +339,9 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
         if n_docs == 0:
-            raise BuildError(f"no valid documents in {corpus}; nothing published")
+            kept, _ = _keep_rejects(work, out, staging)
+            raise BuildError(f"no valid documents in {corpus}: all {n_rejects} rows were rejected; nothing "
+                             f"published. The reasons are in {kept}")
 
         t = time.time()
         term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(shards)]
@@ -220,57 +364,97 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
             "shards": [{"shard": s, "n_docs": int(r["n_docs"]), "total_terms": int(r["total_terms"]),
                         "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
             "dense": None,
-            "build": {"seconds": None, "stages": timings, "ray_address": os.environ.get("RAY_ADDRESS")},
+            "build": {"seconds": None, "stages": timings, "ray": ray_info},
         }
         if dense:
             t = time.time()
             from funnel.jobs.embed_stage import run_dense_stage
-            manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs)
+            manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
+                                                counter=counter, progress_seconds=progress_seconds,
+                                                actor_options=_max_restarts(ray_info))
             timings["dense"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         version = publish(out, staging, manifest, keep=keep_versions)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        release_staging(staging, remove=True)
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     secs = round(time.time() - t0, 2)
     log.info("published %s/%s: %d docs, %d rejects, %.1fs", out, version, n_docs, n_rejects, secs)
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
-                       os.path.join(out, version, "rejects.jsonl"))
+                       os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"])
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except where the help text already says it (``default: ...``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "default:" in (action.help or "") or "(required)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", required=True, help="BEIR dir, .jsonl, .parquet (local path or URI)")
-    p.add_argument("--out", required=True, help="INDEX_ROOT: versions and CURRENT live here")
-    p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--strict", action="store_true", help="fail (publish nothing) on any rejected row")
-    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"])
-    p.add_argument("--id-field", default=None)
-    p.add_argument("--title-field", default="title")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--keep-versions", type=int, default=None)
-    p.add_argument("--dense", dest="dense", action="store_true", help="also embed into FAISS shards")
-    p.add_argument("--no-dense", dest="dense", action="store_false")
+    """The build options; help strings leave the default to the parser's formatter."""
+    p.add_argument("--corpus", required=True,
+                   help="the corpus: a BEIR folder (corpus.jsonl), a .jsonl or .parquet file or a folder "
+                        "of them; a local path or a pyarrow filesystem URI (file://, s3://, gs://) (required)")
+    p.add_argument("--out", required=True, help="INDEX_ROOT: versions and the CURRENT pointer live here (required)")
+    p.add_argument("--shards", type=int, default=4, help="hash partitions of the index")
+    p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
+    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
+                   help="corpus format; auto goes by the file names")
+    p.add_argument("--id-field", default=None,
+                   help="the document id field (default: the first of _id, id, docid, doc_id present)")
+    p.add_argument("--title-field", default="title", help="the title field")
+    p.add_argument("--text-field", default="text", help="the text field")
+    p.add_argument("--keep-versions", type=int, default=None,
+                   help="delete all but the newest N versions after publishing (default: keep all)")
+    p.add_argument("--dense", dest="dense", action="store_true",
+                   help="also embed every document into FAISS shards (enables modes dense and hybrid)")
+    p.add_argument("--no-dense", dest="dense", action="store_false", help="BM25 only")
     p.set_defaults(dense=False)
-    p.add_argument("--embed-model", default=None)
-    p.add_argument("--embed-batch-size", type=int, default=64)
-    p.add_argument("--num-cpus", type=int, default=None, help="local Ray only")
+    p.add_argument("--embed-model", default=None,
+                   help="sentence-transformers model (name or local path), or openai:MODEL@BASE_URL for "
+                        "an OpenAI-compatible /v1/embeddings endpoint (default: all-MiniLM-L6-v2)")
+    p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS "
+                        "(default: all of this machine's)")
+    p.add_argument("--progress-seconds", type=float, default=DEFAULT_INTERVAL,
+                   help="seconds between progress lines of a long stage; 0 turns them off")
+
+
+def describe_report(rep: BuildReport) -> str:
+    """What a build published, for the terminal: counts, modes it can serve, Ray, next step."""
+    ray_used = {"local": "a local Ray started by funnel", "cluster": f"the Ray cluster at {rep.ray.get('address')}",
+                "existing": "the Ray this process had initialized"}.get(rep.ray.get("cluster"), "Ray")
+    lines = [f"published {rep.index_root}/{rep.version}: {rep.n_docs} documents in {rep.n_shards} shards, "
+             f"{rep.n_rejects} rejected ({rep.rejects_path}), {rep.seconds:.1f}s on {ray_used}"]
+    if rep.dense:
+        fp = rep.dense.get("fingerprint") or {}
+        lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
+                     f"{rep.dense.get('ntotal')} vectors")
+    modes = "bm25, dense, hybrid" if rep.dense else "bm25 (build with --dense for dense and hybrid)"
+    lines.append(f"  modes: {modes}")
+    lines.append(f'  next:  funnel search {rep.index_root} "your question"')
+    return "\n".join(lines)
 
 
 def run_from_args(a: argparse.Namespace) -> BuildReport:
     rep = build(a.corpus, a.out, shards=a.shards, strict=a.strict, fmt=a.fmt, id_field=a.id_field,
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
-                num_cpus=a.num_cpus)
-    print(f"published {rep.index_root}/{rep.version}: {rep.n_docs} documents in {rep.n_shards} shards, "
-          f"{rep.n_rejects} rejected ({rep.rejects_path}), {rep.seconds:.1f}s")
+                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds)
+    print(describe_report(rep))
     return rep
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    p = argparse.ArgumentParser(prog="build_index", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="build_index", description=__doc__.split("\n")[0],
+                                formatter_class=_HelpFormatter)
     add_arguments(p)
     a = p.parse_args(argv)
     try:

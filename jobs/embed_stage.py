@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import numpy as np
+
+from funnel.pipelines.progress import DEFAULT_INTERVAL
 
 log = logging.getLogger("funnel.build")
 
@@ -38,7 +41,7 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
     return spec
 
 
-def _write_group_fn(dense_dir: str):
+def _write_group_fn(dense_dir: str, counter=None):
     from funnel.pipelines.vectors import write_dense_shard
 
     def write(batch: dict) -> dict:
@@ -48,18 +51,47 @@ def _write_group_fn(dense_dir: str):
         vecs = np.asarray(batch["embedding"], dtype=np.float32)[order]
         docnos = (np.int64(shard) << 32) | local[order]
         info = write_dense_shard(dense_dir, shard, vecs, docnos)
+        if counter is not None:
+            counter.add.remote("write vectors", shards=1)
         return {k: [v] for k, v in info.items()}
 
     return write
 
 
+def _counted_embed_cls():
+    """``EmbedBatch`` that adds each batch to the build's progress counter (a Ray actor)."""
+    from funnel.pipelines.embed import EmbedBatch
+
+    class CountedEmbedBatch(EmbedBatch):
+        def __init__(self, provider_spec: dict, cache_dir: str | None = None, counter=None):
+            super().__init__(provider_spec, cache_dir)
+            self.counter = counter
+
+        def __call__(self, batch: dict) -> dict:
+            before = self.embedded
+            out = super().__call__(batch)
+            if self.counter is not None:
+                n = len(out["embedding"])
+                self.counter.add.remote("embed", docs=n, cached=n - (self.embedded - before))
+            return out
+
+    return CountedEmbedBatch
+
+
 def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_size: int = 64,
                     cache_dir: str | None = "default", factory: str | None = None,
-                    nlist: int | None = None, n_docs: int | None = None) -> dict:
-    """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section."""
+                    nlist: int | None = None, n_docs: int | None = None, counter=None,
+                    progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None) -> dict:
+    """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
+
+    ``counter`` is the build's progress actor (see ``build_index``): with it, a line with
+    documents embedded, rate and ETA is logged every ``progress_seconds``.
+    ``actor_options`` go to the actor pool's ``map_batches`` (e.g. ``max_restarts``).
+    """
     import ray
 
-    from funnel.pipelines.embed import EmbedBatch, make_provider
+    from funnel.pipelines.embed import make_provider
+    from funnel.pipelines.progress import ProgressLog, Status
     from funnel.pipelines.vectors import build_dense_index, write_dense_shard
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -73,25 +105,45 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
         n_actors, res = gpus, {"num_gpus": 1}
     else:
         n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
-    pool = {"compute": ray.data.ActorPoolStrategy(size=n_actors), **res}
-    log.info("dense: %s on %s actors (%s)", fingerprint["model"], n_actors, "GPU" if gpus else "CPU")
+    pool = {"compute": ray.data.ActorPoolStrategy(size=n_actors), **res, **(actor_options or {})}
+    log.info("embed: %s documents with %s on %d %s actor(s)", f"{n_docs:,}" if n_docs is not None else "all",
+             fingerprint["model"], n_actors, "GPU" if gpus else "CPU")
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
     # Enough blocks to keep every actor busy (Ray would read small shard files as one block).
     # (A shard file is one Parquet row group, which Ray will not split: repartition instead.)
     blocks = max(shards, 4 * n_actors, (n_docs or 0) // (4 * batch_size))
-    ds = ray.data.read_parquet(os.path.join(staging, "docs"),
-                               columns=["title", "text", "content_hash", "shard", "local_id"])
+    ds = (ray.data.read_parquet(os.path.join(staging, "docs"))
+          .select_columns(["title", "text", "content_hash", "shard", "local_id"]))
     ds = ds.repartition(min(blocks, 2000))
-    ds = ds.map_batches(EmbedBatch, fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir},
-                        batch_size=batch_size, batch_format="numpy", **pool)
+    with warnings.catch_warnings():
+        # Ray 2.60 takes max_restarts (see build_index._max_restarts) only through
+        # **ray_remote_args, which it marks deprecated in favour of named parameters that
+        # do not cover it yet: the setting is deliberate, the notice is not for our users.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(_counted_embed_cls(),
+                            fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
+                                                   "counter": counter},
+                            batch_size=batch_size, batch_format="numpy", **pool)
     ds = ds.select_columns(["shard", "local_id", "embedding"])
-    written = (ds.groupby("shard", num_partitions=shards)
-               .map_groups(_write_group_fn(dense_dir), batch_format="numpy").take_all())
+
+    def status() -> Status:
+        counts = ray.get(counter.get.remote(), timeout=10)
+        c = counts.get("embed", {})
+        done, cached = c.get("docs", 0), c.get("cached", 0)
+        if n_docs is not None and done >= n_docs:  # embedded; the vectors go to their shards now
+            written = counts.get("write vectors", {}).get("shards", 0)
+            return Status("write vector shards", written, total=shards, unit="shards")
+        return Status("embed", done, total=n_docs, detail=f"{cached:,} from the cache" if cached else "")
+
+    with ProgressLog(status, progress_seconds if counter is not None else 0, log):
+        written = (ds.groupby("shard", num_partitions=shards)
+                   .map_groups(_write_group_fn(dense_dir, counter), batch_format="numpy").take_all())
     done = {int(r["shard"]) for r in written}
     for s in range(shards):  # shards without documents get empty files
         if s not in done:
             write_dense_shard(dense_dir, s, np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
+    log.info("faiss: building the vector index of %d shards", shards)
     info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
     if cache_dir is not None:

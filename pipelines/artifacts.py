@@ -1,34 +1,63 @@
-"""The artifact contract: versioned index directories, manifest, checksums, atomic publish.
+"""The artifact contract: versioned index directories, manifest, checksums, atomic publish, gc.
 
-    INDEX_ROOT/CURRENT        names the live version; replaced atomically (write tmp, rename)
-    INDEX_ROOT/v000001/       immutable once published; manifest.json lists every file's sha256
+    INDEX_ROOT/CURRENT                 names the live version; replaced atomically (write tmp, rename)
+    INDEX_ROOT/.lock                   flock: publish, retention and gc hold it exclusively
+    INDEX_ROOT/v000001/                immutable once published; manifest.json lists every file's sha256
+    INDEX_ROOT/v000001/manifest.json.sha256   the manifest's own sha256 (``sha256sum -c`` format)
 
-A build writes into ``INDEX_ROOT/.staging-<id>/``, fsyncs every file, renames the folder to
-the next free ``vNNNNNN`` and only then moves ``CURRENT``: readers never see a half-written
-version, and a failed build leaves the live one untouched.
+A build writes into ``INDEX_ROOT/.staging-<id>/`` (holding a lock on its ``.build.lock``
+while it lives), fsyncs every file, and ``publish`` then, under the root's lock, renames
+the folder to the next free ``vNNNNNN`` and moves ``CURRENT``: readers never see a
+half-written version, a failed build leaves the live one untouched, and two publishes at
+once never leave CURRENT on a deleted or an older version. ``gc`` removes what killed
+builds leave behind (their lock is gone) and versions beyond a retention count.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Iterator
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_SUM = "manifest.json.sha256"   # the manifest's own checksum, next to it
 CURRENT = "CURRENT"
-_VERSION_RE = re.compile(r"^v(\d{6})$")
+LOCK = ".lock"                          # INDEX_ROOT/.lock
+BUILD_LOCK = ".build.lock"              # inside a staging folder while its build lives
+VERIFY_MODES = ("none", "sizes", "full")
+UNLOCKED_GRACE_S = 600                  # gc leaves a staging folder with no lock file this young
+_VERSION_RE = re.compile(r"v[0-9]{6}")  # used with fullmatch: no trailing newline, ASCII digits
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_NOT_VERSION_FILES = {MANIFEST, MANIFEST_SUM, BUILD_LOCK}
 
 
 class IndexFormatError(ValueError):
-    """The directory is not a funnel index, or not one this version can read."""
+    """The directory is not a funnel index, or not one this version can read, or it is damaged."""
+
+
+def is_version_name(name: str) -> bool:
+    """True for a version folder name (``v`` and six digits): never a path."""
+    return bool(_VERSION_RE.fullmatch(name))
 
 
 def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
+    """sha256 of a file, streamed in ``bufsize`` blocks (memory stays flat for any size)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
@@ -46,7 +75,7 @@ def file_table(version_dir: str) -> dict[str, dict]:
         for name in files:
             full = os.path.join(root, name)
             rel = os.path.relpath(full, version_dir)
-            if rel == MANIFEST or rel.endswith(".tmp"):
+            if rel in _NOT_VERSION_FILES or rel.endswith(".tmp"):
                 continue
             out[rel] = {"size": os.path.getsize(full), "sha256": sha256_file(full)}
     return dict(sorted(out.items()))
@@ -55,22 +84,123 @@ def file_table(version_dir: str) -> dict[str, dict]:
 def list_versions(root: str) -> list[str]:
     if not os.path.isdir(root):
         return []
-    return sorted(d for d in os.listdir(root) if _VERSION_RE.match(d))
+    return sorted(d for d in os.listdir(root) if _VERSION_RE.fullmatch(d))
 
 
 def read_current(root: str) -> str | None:
+    """The version CURRENT names; None without a CURRENT (or an empty one).
+
+    Raises IndexFormatError when CURRENT holds anything but a version name (``vNNNNNN``):
+    a path such as ``../elsewhere`` or ``/abs/path`` is refused, never followed.
+    """
     p = os.path.join(root, CURRENT)
-    if not os.path.exists(p):
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(256)
+    except FileNotFoundError:
         return None
-    with open(p) as f:
-        return f.read().strip() or None
+    name = raw.decode("utf-8", "replace").strip()
+    if not name:
+        return None
+    if not is_version_name(name):
+        raise IndexFormatError(
+            f"{p} names {name[:80]!r}, which is not a version name (v and six digits, e.g. v000001); "
+            "refusing to follow it: a version lives directly under the index root. Point CURRENT at "
+            f"a published version ({', '.join(list_versions(root)[-3:]) or 'none present'})")
+    return name
+
+
+def _current_or_none(root: str) -> str | None:
+    try:
+        return read_current(root)
+    except IndexFormatError as e:
+        log.warning("%s; publishing over it", e)
+        return None
+
+
+# -- locks ------------------------------------------------------------------------------
+
+
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def _flock(path: str, blocking: bool, create: bool = True) -> int | None:
+    """An fd holding an exclusive flock on ``path``; None if ``blocking`` is False and it is taken.
+
+    On a filesystem without locks a blocking caller (publish) goes on unlocked, with a
+    warning: it publishes as before locks existed; gc (non-blocking) refuses instead.
+    """
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError as e:
+        if blocking and e.errno in _NO_LOCKS:
+            log.warning("%s: this filesystem has no file locks (%s); concurrent publishes on this index "
+                        "root are not serialized", path, e.strerror)
+            return fd
+        os.close(fd)
+        if not blocking and e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return fd
+
+
+@contextmanager
+def root_lock(root: str, blocking: bool = True) -> Iterator[bool]:
+    """Hold ``root/.lock`` exclusively (publish, retention, gc, creating a staging folder).
+
+    Yields True when held; with ``blocking=False`` yields False (and holds nothing) when
+    another process has it. The lock is released when the block ends or the process dies.
+    """
+    os.makedirs(root, exist_ok=True)
+    fd = _flock(os.path.join(root, LOCK), blocking)
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+_staging_fds: dict[str, int] = {}
+_staging_mutex = threading.Lock()
 
 
 def new_staging_dir(root: str) -> str:
-    os.makedirs(root, exist_ok=True)
-    d = os.path.join(root, f".staging-{uuid.uuid4().hex[:12]}")
-    os.makedirs(d)
+    """Create ``root/.staging-<id>/`` and hold its build lock until publish (or process exit).
+
+    ``gc`` removes a staging folder only once its lock is free, i.e. its build has ended.
+    """
+    sid = uuid.uuid4().hex[:12]
+    d = os.path.join(root, f".staging-{sid}")
+    with root_lock(root):  # gc holds it too, so it sees a .new-* only if its creator died
+        tmp = os.path.join(root, f".new-{sid}")
+        os.makedirs(tmp)
+        fd = _flock(os.path.join(tmp, BUILD_LOCK), blocking=True)
+        os.rename(tmp, d)  # a .staging-* always has its lock file
+    with _staging_mutex:
+        _staging_fds[os.path.abspath(d)] = fd
     return d
+
+
+def release_staging(staging: str, remove: bool = False) -> None:
+    """Drop the build lock of ``staging`` (and, with ``remove``, the folder): a failed build's cleanup."""
+    if remove:
+        shutil.rmtree(staging, ignore_errors=True)
+    with _staging_mutex:
+        fd = _staging_fds.pop(os.path.abspath(staging), None)
+    if fd is not None:
+        os.close(fd)
+
+
+# -- writing ----------------------------------------------------------------------------
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_tree(path: str) -> None:
@@ -81,11 +211,7 @@ def _fsync_tree(path: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(root)
 
 
 def save_npy_atomic(path: str, array) -> None:
@@ -99,63 +225,147 @@ def save_npy_atomic(path: str, array) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
+def write_json_atomic(path: str, obj) -> None:
+    _write_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def write_manifest(version_dir: str, manifest: dict) -> str:
+    """Write ``manifest.json`` and its checksum file ``manifest.json.sha256``; returns the sha256.
+
+    The manifest records that it has a checksum file, so a lost one is an error rather
+    than an index from before manifest checksums.
+    """
+    manifest = {**manifest, "manifest_checksum": MANIFEST_SUM}
+    data = (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8")
+    _write_atomic(os.path.join(version_dir, MANIFEST), data)
+    digest = hashlib.sha256(data).hexdigest()
+    _write_atomic(os.path.join(version_dir, MANIFEST_SUM), f"{digest}  {MANIFEST}\n".encode())
+    return digest
+
+
+def _write_current(root: str, name: str) -> None:
+    _write_atomic(os.path.join(root, CURRENT), (name + "\n").encode())
+    _fsync_dir(root)
+
+
+def _retire(root: str, keep: int, protect: set[str]) -> list[str]:
+    """Rename all but the newest ``keep`` versions (never those in ``protect``) to ``.trash-*``.
+
+    Under the root lock; the renames are atomic, the slow deletes happen after it is released.
+    """
+    trash = []
+    for old in list_versions(root)[:-keep]:
+        if old in protect:
+            continue
+        dst = os.path.join(root, f".trash-{old}-{uuid.uuid4().hex[:8]}")
+        os.rename(os.path.join(root, old), dst)
+        trash.append(dst)
+    return trash
+
+
 def publish(root: str, staging: str, manifest: dict, keep: int | None = None) -> str:
     """Checksum, fsync and publish ``staging`` as the next version; move CURRENT to it.
 
-    Returns the version name. ``keep`` (if set) removes all but the newest ``keep``
-    versions, never the live one.
+    Returns the version name. The checksums are computed first; choosing the number, the
+    rename, CURRENT and retention happen under ``root/.lock``, so concurrent publishes
+    on one root serialize: each gets its own number and CURRENT ends on the newest.
+    ``keep`` (if set, >= 1) removes all but the newest ``keep`` versions, never the live one.
     """
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1 (the live version is always kept), got {keep}")
+    if not os.path.isdir(staging):
+        raise FileNotFoundError(f"staging folder {staging!r} does not exist (removed by gc or a failed build?)")
     manifest = dict(manifest)
     manifest["format_version"] = FORMAT_VERSION
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    manifest["parent"] = read_current(root)
     manifest["files"] = file_table(staging)
-    write_json_atomic(os.path.join(staging, MANIFEST), manifest)
     _fsync_tree(staging)
-    while True:
-        existing = list_versions(root)
-        nxt = int(existing[-1][1:]) + 1 if existing else 1
-        name = f"v{nxt:06d}"
+    trash: list[str] = []
+    with root_lock(root):
+        manifest["parent"] = _current_or_none(root)
+        write_manifest(staging, manifest)
         try:
-            os.rename(staging, os.path.join(root, name))
-            break
-        except OSError:
-            if not os.path.exists(os.path.join(root, name)):
-                raise  # a real error, not a race with another publisher
-    tmp = os.path.join(root, f"{CURRENT}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, CURRENT))
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if keep:
-        for old in list_versions(root)[:-keep]:
-            if old != name:
-                shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+            os.unlink(os.path.join(staging, BUILD_LOCK))
+        except FileNotFoundError:
+            pass
+        _fsync_dir(staging)
+        existing = list_versions(root)
+        name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
+        os.rename(staging, os.path.join(root, name))
+        _write_current(root, name)
+        if keep:
+            trash = _retire(root, keep, {name})
+    release_staging(staging)
+    for t in trash:
+        shutil.rmtree(t, ignore_errors=True)
     return name
 
 
-def load_manifest(version_dir: str) -> dict:
+# -- reading and verifying --------------------------------------------------------------
+
+_legacy_logged: set[str] = set()
+_DAMAGED_HINT = ("rebuild the index (funnel build ...) or point CURRENT at an intact version; "
+                 "`funnel verify INDEX_ROOT` checks every file")
+
+
+def _check_manifest_sum(version_dir: str, raw: bytes, manifest: dict) -> None:
+    p = os.path.join(version_dir, MANIFEST_SUM)
+    try:
+        with open(p, "rb") as f:
+            text = f.read(4096).decode("ascii", "replace")
+    except FileNotFoundError:
+        if manifest.get("manifest_checksum"):
+            raise IndexFormatError(f"index version {version_dir} is damaged: {MANIFEST_SUM} is missing, so "
+                                   f"{MANIFEST} cannot be checked; {_DAMAGED_HINT}") from None
+        if version_dir not in _legacy_logged:
+            _legacy_logged.add(version_dir)
+            log.warning("%s has no %s (published before manifest checksums): its manifest is not checked; "
+                        "rebuild it to get the check", version_dir, MANIFEST_SUM)
+        return
+    want = (text.split() or [""])[0]
+    if not _SHA256_RE.fullmatch(want):
+        raise IndexFormatError(f"index version {version_dir} is damaged: {MANIFEST_SUM} holds no sha256; "
+                               f"{_DAMAGED_HINT}")
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise IndexFormatError(
+            f"index version {version_dir} is damaged: {MANIFEST} does not match its sha256 in {MANIFEST_SUM} "
+            f"(edited or corrupted after publishing); {_DAMAGED_HINT}")
+
+
+def load_manifest(version_dir: str, check: bool = True) -> dict:
+    """Read ``manifest.json``; with ``check``, verify it against ``manifest.json.sha256``.
+
+    Every problem (missing, torn, not JSON, edited, another format version) is an
+    IndexFormatError that names the folder and says what to do.
+    """
     p = os.path.join(version_dir, MANIFEST)
-    if not os.path.exists(p):
-        raise IndexFormatError(f"{version_dir} has no {MANIFEST}: it is not a published funnel index version")
-    with open(p) as f:
-        m = json.load(f)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise IndexFormatError(
+            f"{version_dir} has no {MANIFEST}: it is not a published funnel index version") from None
+    except OSError as e:
+        raise IndexFormatError(f"cannot read {p}: {e}; {_DAMAGED_HINT}") from e
+    try:
+        m = json.loads(raw)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise IndexFormatError(f"index version {version_dir} is damaged: {MANIFEST} is not valid JSON "
+                               f"({e}); it is torn or was edited. {_DAMAGED_HINT}") from None
+    if not isinstance(m, dict):
+        raise IndexFormatError(f"index version {version_dir} is damaged: {MANIFEST} holds a JSON "
+                               f"{type(m).__name__}, not an object; {_DAMAGED_HINT}")
+    if check:
+        _check_manifest_sum(version_dir, raw, m)
     fv = m.get("format_version")
     if fv != FORMAT_VERSION:
         raise IndexFormatError(
@@ -164,18 +374,198 @@ def load_manifest(version_dir: str) -> dict:
     return m
 
 
-def verify_files(version_dir: str, manifest: dict, full: bool = False) -> None:
-    """Check every listed file exists with its size (and, if ``full``, its sha256)."""
-    problems = []
-    for rel, meta in manifest.get("files", {}).items():
-        p = os.path.join(version_dir, rel)
-        if not os.path.exists(p):
-            problems.append(f"missing {rel}")
-        elif os.path.getsize(p) != meta["size"]:
-            problems.append(f"{rel} has {os.path.getsize(p)} bytes, manifest says {meta['size']}")
-        elif full and sha256_file(p) != meta["sha256"]:
-            problems.append(f"{rel} checksum differs from the manifest")
+def _file_problem(version_dir: str, rel: str, meta: dict, full: bool) -> str | None:
+    if os.path.isabs(rel) or ".." in rel.split(os.sep):
+        return f"{rel} is not a path inside the version"
+    p = os.path.join(version_dir, rel)
+    try:
+        size = os.path.getsize(p)
+        if size != meta["size"]:
+            return f"{rel} has {size} bytes, manifest says {meta['size']}"
+        if full and sha256_file(p) != meta["sha256"]:
+            return f"{rel} does not match its sha256 in the manifest (corrupted after publishing)"
+    except FileNotFoundError:
+        return f"missing {rel}"
+    except OSError as e:
+        return f"{rel} cannot be read ({e.strerror or e})"
+    return None
+
+
+def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: int | None = None) -> None:
+    """Check every listed file exists with its size (and, if ``full``, its sha256).
+
+    ``full`` streams each file through sha256 on ``workers`` threads (hashlib releases
+    the GIL; default: up to 8, one per CPU). Raises IndexFormatError naming the files.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise IndexFormatError(f"index version {version_dir} is damaged: its manifest lists no files; "
+                               f"{_DAMAGED_HINT}")
+    items = sorted(files.items(), key=lambda kv: -int(kv[1].get("size", 0)))  # big files start first
+    n = workers or min(8, os.cpu_count() or 1)
+    if full and n > 1 and len(items) > 1:
+        with ThreadPoolExecutor(n, thread_name_prefix="funnel-verify") as ex:
+            found = list(ex.map(lambda kv: _file_problem(version_dir, kv[0], kv[1], True), items))
+    else:
+        found = [_file_problem(version_dir, rel, meta, full) for rel, meta in items]
+    problems = sorted(p for p in found if p)
     if problems:
+        more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise IndexFormatError(
-            f"index version {version_dir} is damaged or partial ({'; '.join(problems[:5])}); "
-            "rebuild it or point CURRENT at an intact version")
+            f"index version {version_dir} is damaged or partial ({'; '.join(problems[:5])}{more}); "
+            f"{_DAMAGED_HINT}")
+
+
+def verify_version(version_dir: str, mode: str = "full") -> dict:
+    """Load the manifest of ``version_dir`` and verify it by ``mode``; returns the manifest.
+
+    ``none``: parse only. ``sizes``: the manifest's checksum and every file's size.
+    ``full``: that and every file's sha256.
+    """
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"unknown verify mode {mode!r}; choose one of {', '.join(VERIFY_MODES)}")
+    m = load_manifest(version_dir, check=(mode != "none"))
+    if mode != "none":
+        verify_files(version_dir, m, full=(mode == "full"))
+    return m
+
+
+# -- garbage collection -----------------------------------------------------------------
+
+
+@dataclass
+class GcReport:
+    """What ``gc`` removed (path, bytes) and what it left, with the reason.
+
+    ``busy``: the root's lock was held (a publish or another gc), so nothing was touched.
+    """
+
+    removed: list[tuple[str, int]] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)
+    busy: bool = False
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(b for _, b in self.removed)
+
+    def to_dict(self) -> dict:
+        return {"removed": [{"path": p, "bytes": b} for p, b in self.removed],
+                "kept": [{"path": p, "reason": r} for p, r in self.kept], "bytes_freed": self.bytes_freed,
+                "busy": self.busy}
+
+
+def _tree_bytes(path: str) -> int:
+    if os.path.islink(path) or not os.path.isdir(path):
+        return os.lstat(path).st_size
+    total = 0
+    for d, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(d, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _remove(path: str, report: GcReport, shown_as: str | None = None) -> None:
+    """Delete a file, link or tree (never following a link); recorded in ``report``."""
+    try:
+        size = _tree_bytes(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)  # a publish may be deleting its .trash-* too
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    if os.path.lexists(path):
+        report.kept.append((path, "could not be removed completely (permissions?)"))
+    else:
+        report.removed.append((shown_as or path, size))
+
+
+def _staging_alive(path: str, now: float) -> str | None:
+    """Why ``path`` (a staging folder) may belong to a live build, or None if its build is gone."""
+    try:
+        fd = _flock(os.path.join(path, BUILD_LOCK), blocking=False, create=False)
+    except FileNotFoundError:
+        # No lock file: a build from a funnel before build locks, or files an orphaned Ray
+        # worker wrote after its build died. Only an old enough one is surely dead.
+        age = now - os.lstat(path).st_mtime
+        return None if age >= UNLOCKED_GRACE_S else f"no build lock and modified {age:.0f}s ago; left for now"
+    if fd is None:
+        return "a running build holds its lock"
+    os.close(fd)  # free: its build has ended (a flock dies with its process)
+    return None
+
+
+def _gc_debris(root: str, report: GcReport) -> None:
+    now = time.time()
+    names = sorted(os.listdir(root))
+    live: set[str] = set()
+    for name in names:
+        if name.startswith(".staging-"):
+            path = os.path.join(root, name)
+            why = _staging_alive(path, now)
+            if why:
+                live.add(name[len(".staging-"):])
+                report.kept.append((path, why))
+            else:
+                _remove(path, report)
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith(".work-") and name[len(".work-"):] in live:
+            report.kept.append((path, "its build is running"))
+        elif name.startswith((".work-", ".trash-", ".new-")) or (name.startswith(CURRENT + ".")
+                                                                  and name.endswith(".tmp")):
+            _remove(path, report)
+
+
+def _gc_versions(root: str, keep: int, report: GcReport) -> None:
+    try:
+        cur = read_current(root)
+        why = "there is no CURRENT" if cur is None else f"CURRENT names {cur}, which does not exist"
+    except IndexFormatError as e:
+        cur, why = None, str(e)
+    if cur is None or not os.path.isdir(os.path.join(root, cur)):
+        report.kept.append((root, f"versions left as they are: {why}"))
+        return
+    for old in list_versions(root)[:-keep]:
+        if old != cur:
+            # Renamed first, so a crash mid-delete never leaves a partial vNNNNNN behind.
+            dst = os.path.join(root, f".trash-{old}-{uuid.uuid4().hex[:8]}")
+            os.rename(os.path.join(root, old), dst)
+            _remove(dst, report, shown_as=os.path.join(root, old))
+
+
+def gc(root: str, keep: int | None = None) -> GcReport:
+    """Remove the debris of killed builds and, with ``keep``, versions beyond the newest ``keep``.
+
+    Debris is ``.staging-*`` (and its ``.work-*``) whose build lock no process holds,
+    ``.trash-*`` of interrupted deletes, ``.new-*`` and stray ``CURRENT.*.tmp``. The
+    version CURRENT names is never removed, and no version is while CURRENT is missing
+    or broken. Nothing at all is removed while a publish (or another gc) holds
+    ``root/.lock``: gc does not wait for it, and the report says so.
+
+    Returns
+    -------
+    GcReport
+        ``removed``: (path, bytes) of each removed entry; ``kept``: (path, reason) of
+        each one left, e.g. the folders of a running build.
+    """
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1 (the live version is always kept), got {keep}")
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"index root {root!r} does not exist")
+    report = GcReport()
+    with root_lock(root, blocking=False) as held:
+        if not held:
+            report.busy = True
+            report.kept.append((root, f"{os.path.join(root, LOCK)} is held (a publish or another gc is "
+                                      "running); nothing removed, run gc again"))
+            return report
+        _gc_debris(root, report)
+        if keep:
+            _gc_versions(root, keep, report)
+    for path, size in report.removed:
+        log.info("gc: removed %s (%d bytes)", path, size)
+    return report

@@ -67,13 +67,34 @@ class ChunkResult:
     lines: int = 0
 
 
-def content_hash(title: str, text: str) -> str:
-    """sha256 of the document's content, 32 hex chars; the key of every per-document cache."""
+def content_hash(title: str | bytes, text: str | bytes) -> str:
+    """sha256 of the document's content, 32 hex chars; the key of every per-document cache.
+
+    Takes the strings or their UTF-8 bytes (``validate_record`` encodes once, to check them).
+    """
     h = hashlib.sha256()
-    h.update(title.encode("utf-8"))
+    h.update(title if isinstance(title, bytes) else title.encode("utf-8"))
     h.update(b"\x1f")
-    h.update(text.encode("utf-8"))
+    h.update(text if isinstance(text, bytes) else text.encode("utf-8"))
     return h.hexdigest()[:32]
+
+
+def _not_utf8(value: str, name: str) -> str | None:
+    """Why ``value`` cannot be stored as UTF-8 (a lone surrogate, which JSON's \\uD800 escapes
+    allow), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"field {name!r} holds a lone surrogate ({value[e.start]!r} at character {e.start}), "
+                "which is not valid Unicode text")
+    return None
+
+
+def _printable_id(doc_id: object) -> str | None:
+    """A reject's doc_id that can be written as UTF-8 (lone surrogates shown as \\udXXX escapes)."""
+    if not isinstance(doc_id, str):
+        return None
+    return doc_id.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def shard_of(doc_id: str, n_shards: int) -> int:
@@ -187,8 +208,14 @@ def validate_record(obj: Any, spec: CorpusSpec) -> tuple[dict | None, str | None
         return None, f"field {spec.text_field!r} is {type(text).__name__}, expected a string"
     if not text.strip() and not title.strip():
         return None, f"empty text in field {spec.text_field!r}"
+    try:
+        title_b, text_b = title.encode("utf-8"), text.encode("utf-8")
+        doc_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, next(r for r in (_not_utf8(doc_id, id_field), _not_utf8(title, spec.title_field),
+                                      _not_utf8(text, spec.text_field)) if r)
     return {"doc_id": doc_id, "title": title, "text": text,
-            "content_hash": content_hash(title, text)}, None
+            "content_hash": content_hash(title_b, text_b)}, None
 
 
 def read_chunk(chunk: Chunk, spec: CorpusSpec) -> ChunkResult:
@@ -229,7 +256,7 @@ def _accept(out: ChunkResult, obj: Any, spec: CorpusSpec, chunk: Chunk, line: in
     if rec is None:
         doc_id = obj.get(_pick_id_field(obj, spec) or "_id") if isinstance(obj, dict) else None
         out.rejects.append({"chunk": chunk.index, "line": line, "path": chunk.path,
-                            "doc_id": doc_id if isinstance(doc_id, str) else None, "reason": reason})
+                            "doc_id": _printable_id(doc_id), "reason": reason})
         return
     rec["chunk"] = chunk.index
     rec["line"] = line

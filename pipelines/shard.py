@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -17,18 +18,23 @@ import pyarrow.parquet as pq
 from .analysis import Analyzer, AnalyzerConfig
 from .postings import build_postings, write_shard
 
+#: Documents analyzed between two ``progress`` calls of :func:`build_lexical_shard`.
+PROGRESS_EVERY = 1000
+
 
 def shard_name(shard: int) -> str:
     return f"shard-{shard:04d}"
 
 
 def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
-                        analyzer_config: AnalyzerConfig | None = None) -> dict:
+                        analyzer_config: AnalyzerConfig | None = None,
+                        progress: Callable[[int], None] | None = None) -> dict:
     """Write ``docs/shard-NNNN.parquet`` and ``lexical/shard-NNNN/`` under ``out_dir``.
 
     ``rows`` is a dict of equal-length sequences with doc_id, title, text, content_hash,
     chunk, line. Returns the shard summary (counts, per-document sums for the corpus
-    fingerprint).
+    fingerprint). ``progress(n)``, if given, is told every ``PROGRESS_EVERY`` documents
+    analyzed (and once for the rest), so a large shard reports while it works.
     """
     analyzer = Analyzer(analyzer_config)
     n = len(rows["doc_id"])
@@ -51,7 +57,13 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
     texts = [str(rows["text"][i]) for i in keep]
     hashes = [str(rows["content_hash"][i]) for i in keep]
     # Pyserini's BEIR "flat" documents: title and text joined by a newline.
-    tokens = [analyzer.analyze(f"{t}\n{x}" if t else x) for t, x in zip(titles, texts)]
+    tokens = []
+    for t, x in zip(titles, texts):
+        tokens.append(analyzer.analyze(f"{t}\n{x}" if t else x))
+        if progress is not None and len(tokens) % PROGRESS_EVERY == 0:
+            progress(PROGRESS_EVERY)
+    if progress is not None and len(tokens) % PROGRESS_EVERY:
+        progress(len(tokens) % PROGRESS_EVERY)
     post = build_postings(tokens)
     name = shard_name(shard)
     write_shard(os.path.join(out_dir, "lexical", name), post)

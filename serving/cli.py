@@ -1,11 +1,15 @@
 """The ``funnel`` command: a thin dispatcher that imports each side lazily.
 
     funnel build --corpus PATH --out INDEX_ROOT [--shards N] [--dense]   (the Ray job)
-    funnel search INDEX_ROOT "query" [--mode bm25] [--k 10] [--json]
+    funnel search INDEX_ROOT "query" [--mode bm25] [--k 10] [--json] [--fusion rrf ...]
     funnel search INDEX_ROOT --queries queries.jsonl --mode bm25 --k 100 --run out.trec
     funnel eval --dataset BEIR_DIR [--index INDEX_ROOT] [--modes bm25,dense] [--check MATRIX]
     funnel compare RUN_A RUN_B --qrels QRELS
-    funnel serve INDEX_ROOT | funnel mcp INDEX_ROOT | funnel demo | funnel verify INDEX_ROOT
+    funnel serve INDEX_ROOT | funnel mcp INDEX_ROOT | funnel demo | funnel verify INDEX_ROOT | funnel gc INDEX_ROOT [--keep N]
+
+Start-up stays fast: building the parser imports nothing heavy. Choices that belong to
+another module (the searcher's modes, the fusions) are read from it only when ``--help``
+or the parse needs them (:class:`_LazyChoices`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import json
 import logging
 import os
 import sys
+import textwrap
 
 EXIT_USAGE = 2
+#: How many skipped queries a batch search lists by id.
+SHOW_SKIPPED = 10
 
 
 def _err(msg: str) -> int:
@@ -24,51 +31,295 @@ def _err(msg: str) -> int:
     return EXIT_USAGE
 
 
+# -- argparse helpers ----------------------------------------------------------------------
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option says its default; ``None`` defaults are described in the help text
+    itself ("default: the index's setting"), and ``--no-X`` switches need none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        if "%(default)" in help_ or "default:" in help_ or not action.option_strings:
+            return help_
+        if action.default in (None, argparse.SUPPRESS) or (action.nargs == 0 and action.const is False):
+            return help_
+        if action.default is True or action.default is False:
+            return f"{help_} (default: {'on' if action.default else 'off'})"
+        return f"{help_} (default: %(default)s)"
+
+
+class _LazyChoices:
+    """``choices`` read from the module that owns them on first use (parse or ``--help``).
+
+    argparse only iterates choices to validate a value or to print them, so with a
+    ``metavar`` set, building the parser imports nothing. ``str()`` is the list, for
+    ``%(choices)s`` in help strings.
+    """
+
+    def __init__(self, load):
+        self._load = load
+        self._values: tuple[str, ...] | None = None
+
+    def _get(self) -> tuple[str, ...]:
+        if self._values is None:
+            self._values = tuple(self._load())
+        return self._values
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __contains__(self, value) -> bool:
+        return value in self._get()
+
+    def __str__(self) -> str:
+        return ", ".join(self._get())
+
+
+class _Unbound:
+    """Stands in for a searcher so the class's mode registry can be read without an index."""
+
+    def __getattr__(self, name):
+        return None
+
+
+def _search_modes() -> tuple[str, ...]:
+    from .search import VersionSearcher
+    return tuple(VersionSearcher.modes(_Unbound()))
+
+
+def _fusions() -> tuple[str, ...]:
+    from .hybrid import FUSIONS
+    return FUSIONS
+
+
+def _length_norms() -> tuple[str, ...]:
+    from .bm25 import LENGTH_NORMS
+    return LENGTH_NORMS
+
+
+def _remove_query_choices() -> tuple[str, ...]:
+    from funnel.evaluation.evaluate import REMOVE_QUERY_CHOICES
+    return REMOVE_QUERY_CHOICES
+
+
+def _tie_orders() -> tuple[str, ...]:
+    from funnel.evaluation.trec import TIE_ORDERS
+    return TIE_ORDERS
+
+
+MODES = _LazyChoices(_search_modes)
+
+
+class _ApiDefault:
+    """The search API's own default of an option, for ``%(api_default)s`` in help strings.
+
+    Read from ``BM25Params`` / ``HybridConfig`` when ``--help`` is printed, so the text
+    cannot drift from the code (and building the parser imports neither).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        from .bm25 import BM25Params
+        from .hybrid import HybridConfig
+        for cls in (BM25Params, HybridConfig):
+            field = cls.__dataclass_fields__.get(self.name)
+            if field is not None:
+                return _format_default(self.name, field.default)
+        return "none"
+
+
+def _format_default(name: str, value) -> str:
+    if value is None:
+        return "none"
+    if name == "blend_tiers":
+        return ",".join(f"{'*' if r is None else r}:{w:g}" for r, w in value)
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("funnel")
+        except PackageNotFoundError:
+            v = "unknown (not installed: pip install -e .)"
+        print(f"funnel {v}")
+        parser.exit()
+
+
+def _float_pair(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers like 0.05,0.02, got {text!r}") from None
+    return a, b
+
+
+def _blend_tiers(text: str) -> tuple[tuple[int | None, float], ...]:
+    tiers = []
+    try:
+        for part in text.split(","):
+            rank, w = part.split(":")
+            tiers.append((None if rank.strip() in ("", "*") else int(rank), float(w)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected LAST_RANK:WEIGHT pairs like 3:0.75,10:0.6,*:0.4, got {text!r}") from None
+    return tuple(tiers)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+# -- search --------------------------------------------------------------------------------
+
+#: The per-query options of ``Searcher.search`` that have a flag here (dest == API name).
+#: They default to "not given", so the index's own settings apply unless a flag is used.
+QUERY_OPTIONS = ("k1", "b", "length_norm", "nprobe", "fusion", "alpha", "rrf_k", "candidates",
+                 "bm25_weight", "dense_weight", "top_rank_bonus", "rerank_depth", "chunk_tokens",
+                 "blend_tiers", "expand", "context_tokens")
+
+
+def _search_options(a) -> dict:
+    opts = {name: getattr(a, name) for name in QUERY_OPTIONS if hasattr(a, name)}
+    if a.rerank:
+        opts["rerank"] = True  # the API refuses it for modes without a second stage
+    return opts
+
+
 def _searcher(root: str, args=None):
     from .search import open_index
     kw = {}
     if args is not None and getattr(args, "verify", None):
         kw["verify"] = args.verify
-    return open_index(root, **kw)
+    if args is not None and getattr(args, "chat", None):
+        from .chat import ChatProvider
+        base_url, _, model = args.chat.partition("#")
+        if not base_url.startswith(("http://", "https://")) or not model:
+            raise ValueError(f"--chat wants BASE_URL#MODEL (e.g. http://127.0.0.1:8080/v1#smollm2), got {args.chat!r}")
+        kw["chat"] = ChatProvider(base_url, model)
+    ix = open_index(root, **kw)
+    if args is not None and getattr(args, "rerank", None):
+        from .rerank import make_reranker
+        embedder = None
+        if args.rerank.strip().startswith("biencoder"):
+            if not ix.dense_mode.available:
+                raise ValueError(f"--rerank biencoder reranks with the index's embedder, and index {ix.version} "
+                                 "has no vectors: rebuild with `funnel build ... --dense`")
+            embedder = ix.dense_mode.dense().provider
+        ix.reranker = make_reranker(args.rerank, embedder=embedder)
+    return ix
 
 
-def _search_options(a) -> dict:
-    opts = {}
-    for name in ("k1", "b", "length_norm", "nprobe"):
-        v = getattr(a, name, None)
-        if v is not None:
-            opts[name] = v
-    return opts
+def _writable_file(path: str, flag: str) -> None:
+    """Create ``path``'s folder and prove a file can be written there, before any work."""
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {os.path.join(path, 'run.trec')}")
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"cannot write {flag} {path}: {existing} is a file, not a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is not writable")
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".funnel-write-test-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write {flag} {path}: {e.strerror or e}") from None
+
+
+def print_hits(res, width: int = 100) -> None:
+    """A result for a terminal: each hit once (rank, score, doc id, title), why it matched
+    and its snippet indented below."""
+    if not res.hits:
+        print(res.summary)
+        return
+    print(f"Found {len(res.hits)} documents for {res.query!r} ({res.mode}):")
+    pad = " " * 6
+
+    def block(text: str, first: str, rest: str) -> None:
+        print(textwrap.fill(" ".join(text.split()), width, initial_indent=first, subsequent_indent=rest))
+
+    for h in res.hits:
+        print(f"{h.rank:>3}.  {h.score:.4f}  [{h.doc_id}] {h.title or ''}".rstrip())
+        if h.why:
+            block(h.why, pad, pad)
+        if h.snippet:
+            block(h.snippet, pad + "> ", pad + "  ")
+    context = res.trace.get("context")
+    if context:
+        print(f"\ncontext ({len(context)} passages, U-shaped):")
+        for c in context:
+            block(f"[{c['doc_id']}] {c['text']}", pad, pad)
+
+
+def cmd_search(a) -> int:
+    if a.queries and a.query:
+        return _err("give either a query or --queries FILE, not both")
+    if a.queries and not a.run:
+        return _err("--queries needs --run OUT.trec (where to write the TREC run)")
+    if a.run and not a.queries:
+        return _err("--run writes a batch run: give --queries FILE as well")
+    if not a.queries and not a.query:
+        return _err('give a query ("funnel search INDEX \\"text\\"") or --queries FILE --run OUT')
+    if a.queries and hasattr(a, "context_tokens"):
+        return _err("--context-tokens packs the context of one query; a run file has none")
+    if hasattr(a, "expand") and not a.chat:
+        return _err("--expand asks an LLM for query expansions: give its endpoint with --chat BASE_URL#MODEL")
+    if a.remove_query and not a.queries:
+        return _err("--remove-query applies to a batch run (--queries FILE --run OUT)")
+    if a.run:
+        _writable_file(a.run, "--run")
+    ix = _searcher(a.index, a)
+    opts = _search_options(a)
+    if a.queries:
+        from funnel.evaluation.trec import read_queries, tiebreak_run, write_run
+        queries = read_queries(a.queries)
+        errors: dict[str, str] = {}
+        run = ix.search_batch(queries, mode=a.mode, k=a.k, remove_query=a.remove_query, errors=errors, **opts)
+        # Written the way Anserini writes runs (scores to 4 decimals, ties apart by docid
+        # ascending), so trec_eval on this file prints the published figures.
+        write_run(a.run, tiebreak_run({q: dict(hits) for q, hits in run.items()}), tag=f"funnel-{a.mode}")
+        print(f"wrote {a.run}: {len(run)} queries, mode {a.mode}, k {a.k}"
+              f"{', self-hits removed' if a.remove_query else ''}")
+        if errors:
+            print(f"skipped {len(errors)} of {len(queries)} queries:", file=sys.stderr)
+            for qid, why in list(errors.items())[:SHOW_SKIPPED]:
+                print(f"  {qid}: {why}", file=sys.stderr)
+            if len(errors) > SHOW_SKIPPED:
+                print(f"  ... and {len(errors) - SHOW_SKIPPED} more", file=sys.stderr)
+        return 0
+    res = ix.search(a.query, mode=a.mode, k=a.k, **opts)
+    if a.json:
+        print(json.dumps(res.to_dict(), ensure_ascii=False, indent=2))
+    else:
+        print_hits(res)
+    return 0
+
+
+# -- the other commands --------------------------------------------------------------------
 
 
 def cmd_build(a) -> int:
     from funnel.jobs.build_index import run_from_args
     run_from_args(a)
-    return 0
-
-
-def cmd_search(a) -> int:
-    ix = _searcher(a.index, a)
-    opts = _search_options(a)
-    if a.queries:
-        from funnel.evaluation.trec import read_queries, write_run
-        if not a.run:
-            return _err("--queries needs --run OUT.trec (where to write the TREC run)")
-        queries = read_queries(a.queries)
-        run = ix.search_batch(queries, mode=a.mode, k=a.k, **opts)
-        write_run(a.run, {q: dict(hits) for q, hits in run.items()}, tag=f"funnel-{a.mode}")
-        print(f"wrote {a.run}: {len(run)} queries, mode {a.mode}, k {a.k}")
-        return 0
-    if not a.query:
-        return _err('give a query ("funnel search INDEX \\"text\\"") or --queries FILE --run OUT')
-    res = ix.search(a.query, mode=a.mode, k=a.k, **opts)
-    if a.json:
-        print(json.dumps(res.to_dict(), ensure_ascii=False, indent=2))
-    else:
-        print(res.summary)
-        for h in res.hits:
-            if h.snippet:
-                print(f"   {h.rank}. {h.snippet}")
     return 0
 
 
@@ -94,8 +345,8 @@ def cmd_eval(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from funnel.pipelines.demo import write_demo_corpus
     from funnel.jobs.build_index import build
+    from funnel.pipelines.demo import write_demo_corpus
     os.makedirs(a.out, exist_ok=True)
     corpus = os.path.join(a.out, "..", "demo-corpus.jsonl")
     n = write_demo_corpus(corpus)
@@ -107,20 +358,52 @@ def cmd_demo(a) -> int:
     for mode in modes:
         res = ix.search(a.query, mode=mode, k=5)
         print(f"\n$ funnel search {a.out} {a.query!r} --mode {mode}")
-        print(res.summary)
+        print_hits(res)
     return 0
 
 
 def cmd_verify(a) -> int:
     from .index import IndexVersion
     ix = IndexVersion(a.index, verify="full")
-    print(f"{ix.dir}: OK ({len(ix.manifest['files'])} files checked, {ix.n_docs} documents)")
+    sealed = os.path.exists(os.path.join(ix.dir, "manifest.json.sha256"))
+    print(f"{ix.dir}: OK ({len(ix.manifest['files'])} files checked, {ix.n_docs} documents; manifest "
+          f"{'checksum verified' if sealed else 'has no checksum (built before funnel sealed manifests)'})")
     return 0
 
 
+def cmd_gc(a) -> int:
+    from funnel.pipelines.artifacts import gc
+    rep = gc(a.index, keep=a.keep)
+    if rep.busy:
+        print(f"{a.index}: a build or publish holds the lock; nothing removed, try again later", file=sys.stderr)
+        return 1
+    for path, size in rep.removed:
+        print(f"removed {path} ({size:,} bytes)")
+    for path, why in rep.kept:
+        print(f"kept    {path} ({why})")
+    print(f"{len(rep.removed)} removed, {rep.bytes_freed:,} bytes freed")
+    return 0
+
+
+def _token(a) -> str | None:
+    """--token, else $FUNNEL_TOKEN, else None; an empty one is refused, never taken as "no auth"."""
+    if a.token is not None:
+        if not a.token.strip():
+            raise ValueError("--token is empty (was $FUNNEL_TOKEN unset when the shell expanded "
+                             "--token \"$FUNNEL_TOKEN\"?): pass a non-empty token, or leave --token out "
+                             "to serve without authentication")
+        return a.token
+    env = os.environ.get("FUNNEL_TOKEN")
+    if env is not None and not env.strip():
+        raise ValueError("FUNNEL_TOKEN is set but empty: set it to a non-empty token, or unset it "
+                         "to serve without authentication")
+    return env
+
+
 def cmd_serve(a) -> int:
+    token = _token(a)
     from .http import serve
-    return serve(a.index, host=a.host, port=a.port, token=a.token or os.environ.get("FUNNEL_TOKEN"))
+    return serve(a.index, host=a.host, port=a.port, token=token)
 
 
 def cmd_mcp(a) -> int:
@@ -128,90 +411,226 @@ def cmd_mcp(a) -> int:
     return run_mcp(a.index, transport=a.transport, host=a.host, port=a.port)
 
 
+# -- the parser ----------------------------------------------------------------------------
+
+
+def _add_search_parser(sub, common) -> None:
+    s = sub.add_parser("search", parents=[common], formatter_class=_HelpFormatter,
+                       help="query an index (one query, or a batch into a TREC run)",
+                       description="Query an index: one query printed for a terminal (or --json), or a "
+                                   "batch of queries written as a TREC run.\n\nPer-query options default "
+                                   "to the index's own settings (its manifest); a flag overrides it for "
+                                   "this call. An option the mode does not take is refused.")
+    s.add_argument("index", help="INDEX_ROOT (the folder holding CURRENT) or one version folder")
+    s.add_argument("query", nargs="?", help="the text to search for (or use --queries)")
+    s.add_argument("--mode", default="bm25", choices=MODES, metavar="MODE", help="retrieval mode: %(choices)s")
+    s.add_argument("--k", type=int, default=10, help="how many documents to return per query")
+    s.add_argument("--json", action="store_true", help="print the full result (summary, hits, trace) as JSON")
+    s.add_argument("--verify", choices=["none", "sizes", "full"], default="full",
+                   help="how the index files are checked on open: every sha256 (full), sizes only, or none")
+
+    b = s.add_argument_group("batch mode")
+    b.add_argument("--queries", help="BEIR queries.jsonl (or TSV qid<TAB>text) to run as a batch "
+                                     "(default: none, one query)")
+    b.add_argument("--run", help="the TREC run file to write; its folder is created (required with --queries)")
+    b.add_argument("--remove-query", action="store_true",
+                   help="drop a hit whose doc id equals the query id (BEIR ignore_identical_ids; for "
+                        "ArguAna, Quora, CQADupStack, where queries are corpus documents)")
+
+    def option(group, *flags, **kw):
+        """A per-query option: absent unless given; help names the API's default, read lazily."""
+        act = group.add_argument(*flags, default=argparse.SUPPRESS, **kw)
+        act.api_default = _ApiDefault(act.dest)
+        return act
+
+    lx = s.add_argument_group("BM25 (modes bm25, hybrid)")
+    option(lx, "--k1", type=float, help="term-frequency saturation (default: the index's, else %(api_default)s)")
+    option(lx, "--b", type=float, help="length normalization, 0..1 (default: the index's, else %(api_default)s)")
+    option(lx, "--length-norm", dest="length_norm", choices=_LazyChoices(_length_norms), metavar="NORM",
+           help="document lengths: %(choices)s (default: the index's, else %(api_default)s)")
+
+    dn = s.add_argument_group("dense (modes dense, hybrid)")
+    dn.add_argument("--nprobe", type=_positive_int, default=argparse.SUPPRESS,
+                    help="IVF lists searched per query (default: the index's, chosen at build)")
+
+    hy = s.add_argument_group("hybrid (mode hybrid)")
+    option(hy, "--fusion", choices=_LazyChoices(_fusions), metavar="FUSION",
+           help="how the BM25 and dense lists are fused: %(choices)s (default: the index's, else %(api_default)s)")
+    option(hy, "--alpha", type=float,
+           help="convex fusion: weight of BM25, 1 - alpha for dense (default: the index's, else %(api_default)s)")
+    option(hy, "--rrf-k", dest="rrf_k", type=float,
+           help="RRF smoothing constant k in 1/(k + rank) (default: the index's, else %(api_default)s)")
+    option(hy, "--bm25-weight", dest="bm25_weight", type=float,
+           help="RRF weight of the BM25 list (default: the index's, else %(api_default)s)")
+    option(hy, "--dense-weight", dest="dense_weight", type=float,
+           help="RRF weight of the dense list (default: the index's, else %(api_default)s)")
+    option(hy, "--top-rank-bonus", dest="top_rank_bonus", type=_float_pair, metavar="R1,R23",
+           help="RRF bonus for rank 1 and for a best rank 2-3 (default: the index's, else %(api_default)s)")
+    hy.add_argument("--no-top-rank-bonus", dest="top_rank_bonus", action="store_const", const=None,
+                    default=argparse.SUPPRESS, help="RRF without the top-rank bonus")
+    option(hy, "--candidates", type=int,
+           help="depth of each list before fusion, 1..1000 (default: the index's, else %(api_default)s)")
+    hy.add_argument("--rerank", metavar="SPEC", default=None,
+                    help="rerank the fused top with a second stage: cross-encoder:PATH, http:URL#MODEL "
+                         "(Cohere shape), http+tei:URL#MODEL, biencoder (the index's embedder) "
+                         "(default: no reranking)")
+    option(hy, "--rerank-depth", dest="rerank_depth", type=int,
+           help="fused candidates the reranker reads (default: the index's, else %(api_default)s)")
+    option(hy, "--chunk-tokens", dest="chunk_tokens", type=int,
+           help="tokens of a long document's best chunk that the reranker reads "
+                "(default: the index's, else %(api_default)s)")
+    option(hy, "--blend-tiers", dest="blend_tiers", type=_blend_tiers, metavar="TIERS",
+           help="position-aware blend after reranking, LAST_RANK:RETRIEVAL_WEIGHT pairs "
+                "(default: the index's, else %(api_default)s)")
+    hy.add_argument("--expand", type=_positive_int, default=argparse.SUPPRESS,
+                    help="LLM query expansions searched as extra lists; needs --chat (default: none)")
+    hy.add_argument("--chat", metavar="BASE_URL#MODEL", default=None,
+                    help="OpenAI-compatible chat endpoint for --expand, e.g. http://127.0.0.1:8080/v1#smollm2 "
+                         "(default: none)")
+
+    ctx = s.add_argument_group("context (any mode, one query)")
+    ctx.add_argument("--context-tokens", dest="context_tokens", type=_positive_int, default=argparse.SUPPRESS,
+                     help="pack the hits' best passages into this many tokens, U-shaped (default: off)")
+    s.set_defaults(fn=cmd_search)
+
+
+def _add_eval_parser(sub, common) -> None:
+    e = sub.add_parser("eval", parents=[common], formatter_class=_HelpFormatter,
+                       help="evaluate modes on a BEIR dataset (builds the index if needed)")
+    e.add_argument("--dataset", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) "
+                                     "(required unless --check)")
+    e.add_argument("--index", help="INDEX_ROOT (default: .funnel/indexes/<dataset name>, built if missing)")
+    modes = e.add_argument("--modes", dest="modes", default="bm25",
+                           help="comma-separated modes to evaluate, from: %(all_modes)s")
+    modes.all_modes = MODES  # read by the help formatter, lazily
+    e.add_argument("--mode", dest="modes", default=argparse.SUPPRESS, help="one mode (same as --modes)")
+    e.add_argument("--split", default="test", help="qrels split (qrels/SPLIT.tsv)")
+    e.add_argument("--k", type=int, default=100, help="documents retrieved per query")
+    e.add_argument("--shards", type=int, default=4, help="shards when the index has to be built")
+    e.add_argument("--remove-query", dest="remove_query", default="auto",
+                   choices=_LazyChoices(_remove_query_choices), metavar="{auto,on,off}",
+                   help="drop hits whose doc id is the query id (BEIR ignore_identical_ids); auto: on when "
+                        "most query ids are corpus ids (ArguAna, Quora)")
+    e.add_argument("--ties", default="trec_eval", choices=_LazyChoices(_tie_orders), metavar="ORDER",
+                   help="tie order for metrics: %(choices)s")
+    e.add_argument("--out", help="folder for runs, report and plot (default: eval/ next to the index)")
+    e.add_argument("--check", help="regression matrix YAML: print OK/FAIL per row, exit 1 on a FAIL (default: none)")
+    e.add_argument("--json", action="store_true", help="print the results as JSON")
+    e.set_defaults(fn=cmd_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="funnel", description="Retrieval for agents: build, search, evaluate.")
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="funnel", formatter_class=_HelpFormatter,
+                                description="Retrieval for agents: build, search, evaluate, serve.")
+    p.add_argument("--version", action=_VersionAction, help="print the installed funnel version and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level from every part of funnel")
+    # The same -v after the subcommand; SUPPRESS keeps a subcommand from resetting it to False.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log at INFO level from every part of funnel (default: off)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from funnel.jobs.build_index import add_arguments
-    b = sub.add_parser("build", help="build and publish an index version (Ray Data)")
+    b = sub.add_parser("build", parents=[common], formatter_class=_HelpFormatter,
+                       help="build and publish an index version (Ray Data)",
+                       description="Build and publish a new index version with Ray Data: a fresh local "
+                                   "Ray unless RAY_ADDRESS names a cluster. Progress is logged every "
+                                   "--progress-seconds.")
     add_arguments(b)
     b.set_defaults(fn=cmd_build)
 
-    s = sub.add_parser("search", help="query an index (one query, or a batch into a TREC run)")
-    s.add_argument("index")
-    s.add_argument("query", nargs="?")
-    s.add_argument("--mode", default="bm25")
-    s.add_argument("--k", type=int, default=10)
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--queries", help="BEIR queries.jsonl for batch mode")
-    s.add_argument("--run", help="TREC run to write in batch mode")
-    s.add_argument("--k1", type=float)
-    s.add_argument("--b", type=float)
-    s.add_argument("--length-norm", dest="length_norm", choices=["lucene-byte4", "exact"])
-    s.add_argument("--nprobe", type=int)
-    s.add_argument("--verify", choices=["none", "sizes", "full"])
-    s.set_defaults(fn=cmd_search)
+    _add_search_parser(sub, common)
+    _add_eval_parser(sub, common)
 
-    e = sub.add_parser("eval", help="evaluate modes on a BEIR dataset (builds the index if needed)")
-    e.add_argument("--dataset", required=False, help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
-    e.add_argument("--index", help="INDEX_ROOT (default: .funnel/indexes/<dataset name>)")
-    e.add_argument("--mode", dest="modes", help="one mode (same as --modes)")
-    e.add_argument("--modes", dest="modes", default="bm25")
-    e.add_argument("--split", default="test")
-    e.add_argument("--k", type=int, default=100)
-    e.add_argument("--shards", type=int, default=4)
-    e.add_argument("--out", help="folder for runs, report and plot (default: next to the index)")
-    e.add_argument("--check", help="regression matrix YAML: print OK/FAIL per row, exit 1 on FAIL")
-    e.add_argument("--json", action="store_true")
-    e.set_defaults(fn=cmd_eval)
+    from funnel.evaluation.evalcli import add_compare_parser
+    c = add_compare_parser(sub)
+    c.formatter_class = _HelpFormatter
+    c.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log at INFO level from every part of funnel (default: off)")
 
-    try:
-        from funnel.evaluation.evalcli import add_compare_parser
-        add_compare_parser(sub)
-    except ImportError:  # pragma: no cover - evalcli ships with funnel
-        pass
-
-    d = sub.add_parser("demo", help="build the embedded demo index and answer a query")
-    d.add_argument("--out", default=".funnel/demo-index")
-    d.add_argument("--query", default="parse command line arguments")
-    d.add_argument("--dense", dest="dense", action="store_true")
-    d.add_argument("--no-dense", dest="dense", action="store_false")
+    d = sub.add_parser("demo", parents=[common], formatter_class=_HelpFormatter,
+                       help="build the embedded demo index and answer a query")
+    d.add_argument("--out", default=".funnel/demo-index", help="INDEX_ROOT of the demo index")
+    d.add_argument("--query", default="parse command line arguments", help="the query to answer")
+    d.add_argument("--dense", dest="dense", action="store_true", help="embed too, and show dense and hybrid")
+    d.add_argument("--no-dense", dest="dense", action="store_false", help="BM25 only")
     d.set_defaults(fn=cmd_demo, dense=True)
 
-    v = sub.add_parser("verify", help="check every file of the CURRENT version against its sha256")
-    v.add_argument("index")
+    v = sub.add_parser("verify", parents=[common], formatter_class=_HelpFormatter,
+                       help="check every file of the CURRENT version against its sha256")
+    v.add_argument("index", help="INDEX_ROOT or one version folder")
     v.set_defaults(fn=cmd_verify)
 
-    sv = sub.add_parser("serve", help="HTTP API (FastAPI) on 127.0.0.1")
-    sv.add_argument("index")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8765)
-    sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (or set FUNNEL_TOKEN)")
+    g = sub.add_parser("gc", parents=[common], formatter_class=_HelpFormatter,
+                       help="remove what killed builds left (.staging-*, .work-*) and versions beyond --keep")
+    g.add_argument("index", help="INDEX_ROOT")
+    g.add_argument("--keep", type=int, default=None,
+                   help="keep this many newest versions (never the one CURRENT names); default: keep all")
+    g.set_defaults(fn=cmd_gc)
+
+    sv = sub.add_parser("serve", parents=[common], formatter_class=_HelpFormatter,
+                        help="HTTP API (FastAPI) on 127.0.0.1")
+    sv.add_argument("index", help="INDEX_ROOT; a newly published version is picked up without a restart")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    sv.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
+    sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every endpoint but /health; an "
+                                    "empty token is refused (default: $FUNNEL_TOKEN, else no token)")
     sv.set_defaults(fn=cmd_serve)
 
-    m = sub.add_parser("mcp", help="MCP server (stdio or streamable HTTP)")
-    m.add_argument("index")
-    m.add_argument("--transport", default="stdio", choices=["stdio", "streamable-http"])
-    m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--port", type=int, default=8766)
+    m = sub.add_parser("mcp", parents=[common], formatter_class=_HelpFormatter,
+                       help="MCP server (stdio or streamable HTTP)")
+    m.add_argument("index", help="INDEX_ROOT")
+    m.add_argument("--transport", default="stdio", choices=["stdio", "streamable-http"],
+                   help="stdio (the client starts this process) or streamable HTTP at /mcp")
+    m.add_argument("--host", default="127.0.0.1", help="interface for streamable-http")
+    m.add_argument("--port", type=int, default=8766, help="port for streamable-http")
     m.set_defaults(fn=cmd_mcp)
     return p
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record, not at set-up, so a
+    ``main()`` called in-process (tests, notebooks) never logs into a stream since closed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _setup_logging(a) -> None:
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[_StderrHandler()],
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # What a command must say even without -v: a build's progress and which Ray it uses
+    # (build, eval, demo build indexes), and where a server listens.
+    if a.command in ("build", "eval", "demo"):
+        logging.getLogger("funnel.build").setLevel(logging.INFO)
+    if a.command == "serve":
+        logging.getLogger("funnel.serving.http").setLevel(logging.INFO)
+    if a.command == "mcp" and a.transport != "stdio":
+        logging.getLogger("funnel.serving.mcp").setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if a.command != "build":
-        logging.getLogger("funnel.build").setLevel(logging.INFO)
+    try:
+        a, extra = p.parse_known_args(argv)
+        # argparse (before Python 3.13) gives an optional positional nothing once an option
+        # came between the positionals: `funnel search IX --k 5 "text"`. Take the text back.
+        if extra and a.command == "search" and a.query is None and len(extra) == 1 and not extra[0].startswith("-"):
+            a.query, extra = extra[0], []
+        if extra:
+            p.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # --help, --version, or a usage error (already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    _setup_logging(a)
     from funnel.jobs.build_index import BuildError
-    from funnel.pipelines.artifacts import IndexFormatError
-    from .search import SearchError
     try:
         return a.fn(a) or 0
-    except (SearchError, IndexFormatError, BuildError, FileNotFoundError, ValueError) as e:
+    except (ValueError, FileNotFoundError, BuildError) as e:  # SearchError, IndexFormatError are ValueErrors
         return _err(str(e))
     except KeyboardInterrupt:
         return 130

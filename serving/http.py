@@ -7,6 +7,7 @@
     GET  /documents/{id}    -> {doc_id, title, text, content_hash, shard, local_id}
     POST /term_stats        {"terms": ["..."]} -> {"version": ..., "stats": [{term, analyzed, df, cf, idf, ...}]}
     GET  /health            -> {status, version, n_docs, modes, refresh_error}
+                               (modes: only those this index version can answer)
 
 Every error body is ``{"error": "<what was wrong and what to do>"}``; see ``ERROR_STATUS``.
 With a token, every endpoint but ``/health`` needs ``Authorization: Bearer TOKEN``.
@@ -124,6 +125,26 @@ class RefreshThrottle:
             self._lock.release()
 
 
+def servable_modes(searcher: Searcher) -> list[str]:
+    """The modes this index version can answer now, in registry order.
+
+    ``dense`` and ``hybrid`` need vectors (``funnel build --dense``); every mode must also
+    pass the searcher's own checks with its default options (an empty batch runs those
+    checks and no query), which is where a mode that needs something this setup lacks
+    (a SIRA proposer without its model, a mode not built yet) says ``ModeUnavailable``.
+    """
+    out = []
+    for mode in searcher.modes():
+        if mode in ("dense", "hybrid") and not searcher.dense_mode.available:
+            continue
+        try:
+            searcher.search_batch({}, mode=mode, k=1)
+        except ModeUnavailable:
+            continue
+        out.append(mode)
+    return out
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
@@ -210,8 +231,10 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     @app.get("/health")
     def health() -> dict[str, Any]:
         s = refreshed()
-        return {"status": "degraded" if throttle.error else "ok", "version": s.version,
-                "n_docs": s.index.n_docs, "modes": list(s.modes()), "refresh_error": throttle.error}
+        st = s.status()
+        return {"status": st["state"], "version": st["serving_version"], "n_docs": s.index.n_docs,
+                "modes": servable_modes(s), "refresh_error": st["reason"], "current": st["current"],
+                "degraded_since": st["since"]}
 
     @app.post("/search", dependencies=auth)
     def search(req: SearchRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
@@ -243,14 +266,19 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
 def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
+    Once listening, logs (INFO) the URL, the index and version, the modes it answers and
+    whether a token is required.
+
     Parameters
     ----------
     index_root
         Index root (the folder holding CURRENT) or one version directory.
     host, port
-        Where to listen; 127.0.0.1 by default. Another host without a token logs a warning.
+        Where to listen; 127.0.0.1 by default; port 0 picks a free port (the log says which).
+        Another host without a token logs a warning.
     token
-        Optional bearer token required on every endpoint but ``/health``.
+        Optional bearer token required on every endpoint but ``/health``; an empty string
+        is refused (it would otherwise silently mean "no authentication").
 
     Returns
     -------
@@ -260,13 +288,28 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     """
     import uvicorn
 
+    if token is not None and not token.strip():
+        raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
     if host not in LOOPBACK and not token:
         log.warning("serving %s on %s:%d without a token: anyone who can reach this host can query "
                     "the index; pass --token (or set FUNNEL_TOKEN)", index_root, host, port)
     app = create_app(index_root, token=token)
+    searcher = app.state.searcher
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                bound = [sock.getsockname() for srv in self.servers for sock in (srv.sockets or ())]
+                where = bound[0][1] if bound else port
+                shown = f"[{host}]" if ":" in host else host
+                log.info("serving %s (version %s, %d documents) at http://%s:%d; modes: %s; token %s",
+                         index_root, searcher.version, searcher.index.n_docs, shown, where,
+                         ", ".join(servable_modes(searcher)),
+                         "required (Authorization: Bearer ...)" if token else "not required")
+
     level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING)).lower()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=level))
-    log.info("serving %s (version %s) on http://%s:%d", index_root, app.state.searcher.version, host, port)
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=level))
     try:
         server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use

@@ -27,7 +27,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .http import LOOPBACK, MAX_TERMS, RefreshThrottle
+from .http import LOOPBACK, MAX_TERMS, RefreshThrottle, servable_modes
 from .result import SearchResult
 from .search import MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
 
@@ -76,7 +76,7 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
     def search(
         query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
                                     description="what to look for, in words")],
-        mode: Annotated[str, Field(description="retrieval mode: " + ", ".join(searcher.modes()))] = "bm25",
+        mode: Annotated[str, Field(description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
         k: Annotated[int, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the collection; returns a ranked list with why each document matched.

@@ -12,20 +12,22 @@ swaps in a newly published version without a restart.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Callable, Mapping
 
 import regex
 
 from .bm25 import BM25Params
-from .index import IndexVersion, resolve_version_dir
+from .index import IndexVersion, VersionFollower
 from .lexical import BM25Retriever, Scored
 from .result import Hit, SearchResult, summarize
 
 log = logging.getLogger(__name__)
 
-MAX_QUERY_CHARS = 4096
+# A bound against abuse, not a relevance limit: BEIR ArguAna queries (whole arguments) run
+# past 5,500 characters. The analyzer is linear in the text and the embedder truncates to
+# its own window, so 100,000 characters cost milliseconds.
+MAX_QUERY_CHARS = 100_000
 MAX_K = 1000
 
 
@@ -60,24 +62,26 @@ class Searcher:
     concurrent ``refresh()`` never mixes two versions inside one query.
     """
 
-    def __init__(self, root: str, version: str | None = None, verify: str = "sizes",
+    def __init__(self, root: str, version: str | None = None, verify: str = "full",
                  embedder=None, reranker=None, chat=None):
         self.root = root
         self._verify = verify
-        self._pinned = version
         self._embedder = embedder
         self._reranker = reranker
         self._chat = chat
-        self._lock = threading.Lock()
-        self._current = self._open(version)
+        self._follow = VersionFollower(root, self._open, version=version)
 
-    def _open(self, version: str | None) -> "VersionSearcher":
+    @property
+    def _current(self) -> "VersionSearcher":
+        return self._follow.current
+
+    def _open(self, version: str) -> "VersionSearcher":
         return VersionSearcher(IndexVersion(self.root, version, verify=self._verify),
                                self._embedder, self._reranker, self._chat)
 
     def __getattr__(self, name: str):
         # Everything else (search, search_batch, index, bm25, ...) is the current version's.
-        if name.startswith("__") or name == "_current":
+        if name.startswith("__") or name in ("_current", "_follow"):
             raise AttributeError(name)
         return getattr(self._current, name)
 
@@ -91,19 +95,16 @@ class Searcher:
         self._current.reranker = value
 
     def refresh(self) -> bool:
-        """Reopen if CURRENT now names another version. Returns True when it switched."""
-        if self._pinned is not None:
-            return False
-        target = resolve_version_dir(self.root)
-        if target == self._current.index.dir:
-            return False
-        with self._lock:
-            if target != self._current.index.dir:
-                old = self._current.version
-                self._current = self._open(None)
-                log.info("switched from %s to %s", old, self._current.version)
-                return True
-        return False
+        """Open the version CURRENT now names, if it verifies; True when it switched.
+
+        A version that fails (torn manifest, bad checksum, CURRENT outside the root) is not
+        served: this keeps the current one and ``status()`` says "degraded" and why.
+        """
+        return self._follow.refresh()
+
+    def status(self) -> dict:
+        """``{"state": "ok" | "degraded", "serving_version", "current", "pinned", "reason", "since"}``."""
+        return self._follow.status()
 
 
 class VersionSearcher:
@@ -121,6 +122,9 @@ class VersionSearcher:
         if "top_rank_bonus" in hy and hy["top_rank_bonus"] is not None:
             hy["top_rank_bonus"] = tuple(hy["top_rank_bonus"])
         self.hybrid_config = HybridConfig(**hy)
+        from .sira import ForwardIndex, SiraConfig
+        self.sira_config = SiraConfig.from_manifest(ix.manifest.get("sira"))
+        self.forward = ForwardIndex(ix)  # documents' terms for feedback proposers, built on first use
 
     @property
     def version(self) -> str:
@@ -145,8 +149,9 @@ class VersionSearcher:
     def mode_options(self, mode: str) -> set[str]:
         """The per-query options a mode accepts (for error messages and the HTTP schema)."""
         from .hybrid import HybridConfig
+        from .sira import OPTIONS as SIRA_OPTIONS
         bm25 = {"k1", "b", "length_norm"}
-        return {"bm25": bm25, "dense": {"nprobe"}, "sira": set(),
+        return {"bm25": bm25, "dense": {"nprobe"}, "sira": bm25 | {"nprobe"} | set(SIRA_OPTIONS),
                 "hybrid": bm25 | {"nprobe", "rerank", "expand"} | set(HybridConfig.__dataclass_fields__),
                 }.get(mode, set()) | {"context_tokens"}
 
@@ -155,6 +160,10 @@ class VersionSearcher:
         if unknown:
             raise SearchError(f"unknown option(s) {', '.join(sorted(unknown))} for mode {mode!r}; "
                               f"valid: {', '.join(sorted(self.mode_options(mode)))}")
+        if mode == "sira":  # values too, and whether this index can run the proposer, before any query
+            from .sira import SiraConfig, resolve_proposer
+            cfg = SiraConfig.from_options(self.sira_config, dict(options))
+            resolve_proposer(cfg, self.dense_mode.available, self.chat is not None)
 
     def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
                **options) -> SearchResult:
@@ -173,30 +182,79 @@ class VersionSearcher:
                                "total": round((time.perf_counter() - t0) * 1000, 3)}
         return SearchResult(query, mode, summarize(query, mode, hits, note), tuple(hits), trace)
 
-    def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100,
+    def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
+                     remove_query: bool = False, errors: dict[str, str] | None = None,
                      **options) -> dict[str, list[tuple[str, float]]]:
-        """{qid: [(doc_id, score), ...]} for a run file; no explanations or snippets."""
-        if mode in self.modes():
-            self._check_options(mode, options)
+        """Answer many queries for a run file; no explanations or snippets.
+
+        Parameters
+        ----------
+        queries : Mapping[str, str]
+            ``{qid: text}``.
+        mode, k, **options
+            As for :meth:`search`; a bad mode, k or option raises :class:`SearchError`
+            before any query runs.
+        remove_query : bool
+            Drop the hit whose doc id equals the query id (BEIR ``ignore_identical_ids``,
+            Pyserini ``--remove-query``; for sets whose queries are corpus documents, e.g.
+            ArguAna, Quora). ``k + 1`` documents are retrieved, so ``k`` are still returned.
+        errors : dict, optional
+            Where a bad query (empty, too long, ...) goes. With a dict, it is recorded as
+            ``errors[qid] = reason``, left out of the result, and the other queries are
+            answered. With ``None`` (default) the first bad query raises
+            :class:`SearchError` naming its qid.
+
+        Returns
+        -------
+        dict[str, list[tuple[str, float]]]
+            ``{qid: [(doc_id, score), ...]}`` best first, for every query answered.
+        """
+        if mode not in self.modes():
+            raise SearchError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes())}")
+        self._check_options(mode, options)
+        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise SearchError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+        depth = k + 1 if remove_query else k
+
+        def checked(qid: str, q: Any) -> str | None:
+            try:
+                return self._check(q, mode, k)
+            except ModeUnavailable:
+                raise
+            except SearchError as e:
+                if errors is None:
+                    raise SearchError(f"query {qid!r}: {e}") from None
+                errors[qid] = str(e)
+                return None
+
+        def finish(qid: str, hits) -> list[tuple[str, float]]:
+            if remove_query:
+                hits = [h for h in hits if h[0] != qid]
+            return hits[:k]
+
         out = {}
         if mode == "bm25":  # the hot path of evaluation and benchmarks: arrays end to end
             params = self._bm25_params(dict(options))
             for qid, q in queries.items():
-                q = self._check(q, mode, k)
-                dn, sc = self.bm25.search_arrays(dict(self.bm25.query_terms(q)), k, params)
-                out[qid] = list(zip(self.index.docs.doc_ids_of(dn), sc.tolist()))
+                if (q := checked(qid, q)) is None:
+                    continue
+                dn, sc = self.bm25.search_arrays(dict(self.bm25.query_terms(q)), depth, params)
+                out[qid] = finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist())))
             return out
         run_mode = self.modes()[mode]
         items = list(queries.items())
         for start in range(0, len(items), 256):
-            chunk = [(qid, self._check(q, mode, k)) for qid, q in items[start:start + 256]]
-            if mode in ("dense", "hybrid"):
+            chunk = [(qid, q) for qid, q in ((qid, checked(qid, q)) for qid, q in items[start:start + 256])
+                     if q is not None]
+            if not chunk:
+                continue
+            if mode in ("dense", "hybrid") or (mode == "sira" and self._sira_needs_dense(options)):
                 from .hybrid import prefill_query_vectors
                 self._need_dense(mode)
                 prefill_query_vectors(self, [q for _, q in chunk])
             for qid, q in chunk:
-                scored = run_mode(q, k, options)[0]
-                out[qid] = [(self.index.docs.doc_id(s.docno), s.score) for s in scored]
+                scored = run_mode(q, depth, options)[0]
+                out[qid] = finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored])
         return out
 
     def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
@@ -270,7 +328,12 @@ class VersionSearcher:
         return run_hybrid(self, query, k, options)
 
     def _run_sira(self, query: str, k: int, options: dict):
-        raise ModeUnavailable("mode 'sira' is not available yet in this funnel version")
+        from .sira import run_sira
+        return run_sira(self, query, k, options)
+
+    def _sira_needs_dense(self, options: dict) -> bool:
+        from .sira import needs_dense
+        return needs_dense(self, options)
 
     # -- documents and statistics ----------------------------------------------------------
     def get_document(self, doc_id: str) -> dict | None:

@@ -24,7 +24,7 @@ def need_shared(*parts: str) -> str:
 def ray_session():
     import ray
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING")
     yield
     ray.shutdown()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from funnel.jobs.build_index import BuildError, build
-from funnel.pipelines.artifacts import IndexFormatError, read_current
+from funnel.pipelines.artifacts import LOCK, IndexFormatError, read_current, write_manifest
 from funnel.serving.search import SearchError, open_index
 
 from conftest import write_jsonl
@@ -54,7 +54,7 @@ def test_strict_publishes_nothing(ray_session, tmp_path):
     with pytest.raises(BuildError, match="--strict: 1 rows rejected"):
         build(bad, root, shards=1, strict=True)
     assert read_current(root) == "v000001"
-    assert sorted(d for d in os.listdir(root) if not d.startswith("CURRENT")) == ["v000001"]
+    assert sorted(d for d in os.listdir(root) if not d.startswith("CURRENT") and d != LOCK) == ["v000001"]
 
 
 def test_bad_corpus_paths(ray_session, tmp_path):
@@ -146,13 +146,15 @@ def test_index_errors(demo_index_1, tmp_path):
     shutil.copytree(demo_index_1, copy)
     v = copy / read_current(str(copy))
     m = json.load(open(v / "manifest.json"))
-    json.dump({**m, "format_version": 99}, open(v / "manifest.json", "w"))
+    # Manifests written as a build writes them (with their checksum file), so the checks
+    # on their content are what refuses them.
+    write_manifest(str(v), {**m, "format_version": 99})
     with pytest.raises(IndexFormatError, match="format version 99"):
         open_index(str(copy))
-    json.dump({**m, "analyzer": {**m["analyzer"], "fingerprint": "0" * 16}}, open(v / "manifest.json", "w"))
+    write_manifest(str(v), {**m, "analyzer": {**m["analyzer"], "fingerprint": "0" * 16}})
     with pytest.raises(IndexFormatError, match="analyzer mismatch"):
         open_index(str(copy))
-    json.dump(m, open(v / "manifest.json", "w"))
+    write_manifest(str(v), m)
     with open(v / "lexical" / "shard-0000" / "tfs.npy", "ab") as f:
         f.write(b"x")
     with pytest.raises(IndexFormatError, match="damaged or partial"):
@@ -217,3 +219,25 @@ def test_unknown_options_are_refused_with_the_valid_ones(demo_index_1):
         ix.search("x", k1=1.2, k_1=3)
     with pytest.raises(SearchError, match="unknown option"):
         ix.search_batch({"q": "x"}, fusion="rrf")
+
+
+def test_build_records_which_ray_ran_it(ray_session, tmp_path):
+    # The session's Ray was initialized by the test process, so the build uses it as it is
+    # (a fresh `funnel build` process starts its own local Ray: tests/test_cli_build.py).
+    import ray
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "1", "text": "apples and oranges"}])
+    rep = build(corpus, str(tmp_path / "ix"), shards=1)
+    m = json.load(open(os.path.join(tmp_path, "ix", rep.version, "manifest.json")))
+    assert m["build"]["ray"] == rep.ray
+    assert rep.ray["cluster"] == "existing" and rep.ray["address"] == ray.get_runtime_context().gcs_address
+    assert rep.ray["cpus"] == ray.cluster_resources()["CPU"]
+
+
+def test_shard_build_reports_progress_for_every_document(tmp_path):
+    from funnel.pipelines.shard import PROGRESS_EVERY, build_lexical_shard
+    n = 2 * PROGRESS_EVERY + 7
+    rows = {"doc_id": [f"d{i}" for i in range(n)], "title": [""] * n, "text": [f"word{i % 50} text" for i in range(n)],
+            "content_hash": [f"{i:032x}" for i in range(n)], "chunk": [0] * n, "line": list(range(1, n + 1))}
+    calls = []
+    summary = build_lexical_shard(rows, 0, str(tmp_path / "out"), str(tmp_path / "work"), progress=calls.append)
+    assert calls == [PROGRESS_EVERY, PROGRESS_EVERY, 7] and summary["n_docs"] == n

@@ -1,28 +1,51 @@
-"""Answer coverage: SQuAD normalization, whole-token matching, answer loading, and
-coverage@k on a hand-built run whose expected fractions are counted by hand."""
+"""Answer coverage: DPR has_answer matching (Unicode tokens, NFD, uncased, token
+sequences), answer loading, and coverage@k on a hand-built run counted by hand."""
 
 from __future__ import annotations
 
 import json
+import logging
+import unicodedata
 
 import pytest
 
-from funnel.evaluation.coverage import answer_coverage, contains_answer, load_answers, normalize_answer
+from funnel.evaluation.coverage import answer_coverage, answer_tokens, contains_answer, load_answers
 
 
-def test_normalize_answer_squad_rules():
-    assert normalize_answer("The  Eiffel-Tower, in PARIS!") == "eiffeltower in paris"
-    assert normalize_answer("An apple a day") == "apple day"
-    assert normalize_answer("  theory of the atom ") == "theory of atom"  # 'theory' keeps its 'the'
-    assert normalize_answer("...") == ""
+def test_answer_tokens_dpr_simple_tokenizer():
+    # alphanumeric runs ([\p{L}\p{N}\p{M}]+) and every other non-space character alone
+    assert answer_tokens("The A350-900, in 2019!") == ("the", "a350", "-", "900", ",", "in", "2019", "!")
+    assert answer_tokens("year—ChatGPT") == ("year", "—", "chatgpt")
+    assert answer_tokens("“quoted”") == ("“", "quoted", "”")
+    assert answer_tokens("Ünïcode  ÉTÉ") == tuple(unicodedata.normalize("NFD", t) for t in ("ünïcode", "été"))
+    assert answer_tokens("   ") == ()
 
 
-def test_contains_answer_is_token_aligned():
-    assert contains_answer("It was built by Gustave Eiffel in 1889.", ["gustave eiffel"])
-    assert contains_answer("The answer: 1,889 meters", ["1889"])  # punctuation removed both sides
-    assert not contains_answer("concatenate the strings", ["cat"])
-    assert contains_answer("a cat sat", ["The cat"])
-    assert not contains_answer("anything", ["", "the"])  # empty after normalization never matches
+@pytest.mark.parametrize("text, answer, expected", [
+    ("In that year—ChatGPT was released", "ChatGPT", True),  # em dash splits tokens
+    ("In that year—ChatGPT was released", "year", True),
+    ("He called it “quoted” twice", "quoted", True),  # curly quotes are their own tokens
+    ("He called it “quoted” twice", '"quoted"', False),  # straight quotes are other characters
+    ("Airbus A350-900 aircraft", "A350-900", True),
+    ("Airbus A350900 aircraft", "A350-900", False),  # punctuation is not stripped away
+    ("Airbus A350-900 aircraft", "A350900", False),
+    ("a caf\u00e9 in Paris", "cafe\u0301", True),  # composed text, decomposed answer (NFD)
+    ("a cafe\u0301 in Paris", "caf\u00e9", True),
+    ("a café in Paris", "cafe", False),  # accents are kept, as in DPR
+    ("It was built by Gustave Eiffel in 1889.", "gustave eiffel", True),  # uncased
+    ("concatenate the strings", "cat", False),  # whole tokens only
+    ("Born in Ulm, Germany", "Ulm, Germany", True),  # multi-token answer with punctuation
+    ("Born in Ulm Germany", "Ulm, Germany", False),
+    ("The answer: 1,889 meters", "1889", False),
+    ("東京タワーは高い", "東京タワーは高い", True),
+])
+def test_contains_answer_dpr_has_answer(text, answer, expected):
+    assert contains_answer(text, [answer]) is expected
+
+
+def test_contains_answer_ignores_empty_answers():
+    assert not contains_answer("anything", ["", "   "])  # no tokens: never a match
+    assert contains_answer("anything goes", ["", "goes"])
 
 
 def test_answer_coverage_at_k():
@@ -37,7 +60,7 @@ def test_answer_coverage_at_k():
 
     run = {"q1": ranked("hit3", 3), "q2": ranked("hit7", 7), "q3": ranked("hit11", 11), "q4": ranked("d0", 1)}
     answers = {"q1": ["paris"], "q2": ["1879", "Ulm"], "q3": ["Everest"], "q4": ["nowhere"],
-               "q5": ["missing from run"], "q6": ["!!"]}  # q6: no usable answer, not counted
+               "q5": ["missing from run"], "q6": ["", " "]}  # q6: no answer with a token, not counted
     res = answer_coverage(run, docs, answers, ks=(5, 10))
     assert res["n_queries"] == 5
     assert res["coverage@5"] == pytest.approx(1 / 5)
@@ -54,6 +77,14 @@ def test_answer_coverage_errors():
         answer_coverage({"q": {"unknown": 1.0}}, {}, {"q": ["x"]})
     with pytest.raises(ValueError, match="non-empty gold answer"):
         answer_coverage({}, {}, {"q": [""]})
+
+
+def test_load_answers_without_answers_is_not_a_warning(tmp_path, caplog):
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"_id": "1", "text": "no answers here"}) + "\n")
+    with caplog.at_level(logging.DEBUG, logger="funnel.evaluation.coverage"):
+        assert load_answers(queries) == {}
+    assert caplog.records and all(r.levelno < logging.WARNING for r in caplog.records)
 
 
 def test_load_answers_from_queries_metadata_and_json(tmp_path):

@@ -34,10 +34,15 @@ def test_dense_and_hybrid_modes(dense_index):
     assert sum(top["contributions"].values()) + top["bonus"] == pytest.approx(top["fused_score"], abs=1e-12)
     assert hyb.hits[0].score == pytest.approx(top["fused_score"], abs=1e-6)
     assert set(top["ranks"]) <= {"bm25", "dense"}
-    assert hyb.trace["hybrid"]["fusion"] == "rrf" and "dense" in hyb.trace["timings_ms"]
+    # Convex fusion is the default: each contribution is its list's weight times the
+    # min-max normalized score, so no contribution exceeds its weight (alpha 0.55 on BM25).
+    assert hyb.trace["hybrid"]["fusion"] == "convex" and "dense" in hyb.trace["timings_ms"]
+    assert top["contributions"].get("bm25", 0) <= 0.55 + 1e-12 and top["contributions"].get("dense", 0) <= 0.45 + 1e-12
     assert hyb.trace["context"] and sum(len(c["text"].split()) for c in hyb.trace["context"]) <= 300
-    conv = ix.search(q, mode="hybrid", k=5, fusion="convex")
-    assert conv.trace["hybrid"]["fusion"] == "convex"
+    rrf = ix.search(q, mode="hybrid", k=5, fusion="rrf")
+    assert rrf.trace["hybrid"]["fusion"] == "rrf"
+    first = rrf.hits[0].explain["fusion"]
+    assert first["contributions"] == pytest.approx({n: 1 / (60 + r) for n, r in first["ranks"].items()})
     with pytest.raises(ValueError, match="unknown fusion 'max'; choose one of rrf, convex"):
         ix.search(q, mode="hybrid", fusion="max")
 
@@ -79,7 +84,8 @@ def test_hybrid_with_llm_query_expansion(dense_index):
     from funnel.serving.chat import LocalLlamaServer
     with LocalLlamaServer() as server:
         ix = open_index(dense_index, chat=server.chat())
-        res = ix.search("parse command line options", mode="hybrid", k=5, expand=2)
+        res = ix.search("parse command line options", mode="hybrid", k=5, expand=2, fusion="rrf")
+        conv = ix.search("parse command line options", mode="hybrid", k=5, expand=2)
     exp = res.trace["hybrid"]["expansions"]
     assert isinstance(exp, list) and all(isinstance(e, str) and e for e in exp)
     assert len(res.hits) == 5
@@ -90,6 +96,13 @@ def test_hybrid_with_llm_query_expansion(dense_index):
         for lst in ("bm25", "dense"):
             if lst in fused["ranks"]:
                 assert fused["contributions"][lst] == pytest.approx(2 / (60 + fused["ranks"][lst]))
+    # Convex (the default): the original lists weigh 2 x alpha / 2 x (1 - alpha), each
+    # expansion list alpha / 1 - alpha, each times a min-max score in [0, 1].
+    cx = conv.hits[0].explain["fusion"]
+    cexp = conv.trace["hybrid"]["expansions"]
+    limits = {"bm25": 2 * 0.55 if cexp else 0.55, "dense": 2 * 0.45 if cexp else 0.45}
+    for name, c in cx["contributions"].items():
+        assert 0 <= c <= limits.get(name, 0.55 if name.startswith("bm25") else 0.45) + 1e-12
     with pytest.raises(ValueError, match="expand needs a chat model"):
         open_index(dense_index).search("x", mode="hybrid", expand=2)
 

@@ -40,7 +40,9 @@ def test_eval_reports_metrics_coverage_and_skips_unavailable_modes(tiny, capsys)
     out = json.loads(capsys.readouterr().out)
     m = out["metrics"]["bm25"]
     assert m["ndcg@10"] == pytest.approx(1.0) and m["coverage@5"] == pytest.approx(1.0)
-    assert "sira" in out["skipped"] and "not available" in out["skipped"]["sira"]
+    # sira is evaluated where this index can run it, or skipped with the reason: never dropped.
+    assert set(out["metrics"]) | set(out["skipped"]) == {"bm25", "sira"}
+    assert all(why for why in out["skipped"].values())
 
 
 def test_batch_runs_and_compare(tiny, tmp_path, capsys):
@@ -66,4 +68,28 @@ def test_search_cli_single_query_json_and_errors(tiny, capsys):
     assert main(["search", str(tiny / "nope"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["search", str(tiny / "ix"), "x", "--mode", "fuzzy"]) == 2
-    assert "choose one of bm25, dense, hybrid, sira" in capsys.readouterr().err
+    assert "invalid choice: 'fuzzy' (choose from 'bm25', 'dense', 'hybrid', 'sira')" in capsys.readouterr().err
+
+
+def test_search_cli_prints_each_hit_once_with_its_snippet(tiny, capsys):
+    assert main(["search", str(tiny / "ix"), "capital of France", "--k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Found 2 documents for 'capital of France' (bm25):"
+    hits = [l for l in lines[1:] if not l.startswith(" " * 6)]
+    assert len(hits) == 2 and hits[0].split()[0] == "1." and "[d1] Paris" in hits[0]
+    float(hits[0].split()[1])  # the score, beside the rank
+    below_first = lines[lines.index(hits[0]) + 1:lines.index(hits[1])]
+    assert any(l.strip().startswith("> Paris is the capital of France") for l in below_first)
+    assert sum("[d1]" in l for l in lines) == 1  # no second numbered list
+
+
+def test_eval_remove_query_choices(tiny, capsys):
+    from funnel.serving.cli import build_parser
+    p = build_parser()
+    assert p.parse_args(["eval", "--dataset", "x"]).remove_query == "auto"
+    assert p.parse_args(["eval", "--dataset", "x", "--remove-query", "on"]).remove_query == "on"
+    assert main(["eval", "--dataset", str(tiny), "--remove-query", "maybe"]) == 2
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err
+    assert main(["eval", "--dataset", str(tiny), "--index", str(tiny / "ix"), "--remove-query", "off",
+                 "--json"]) == 0
+    assert "remove-query: off" in " ".join(json.loads(capsys.readouterr().out)["notes"])

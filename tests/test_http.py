@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -152,11 +155,19 @@ def test_term_stats(client, searcher):
     assert client.post("/term_stats", json={"terms": []}).status_code == 422
 
 
-def test_health(client, searcher):
+def test_health_lists_only_the_modes_this_index_serves(client, searcher):
     r = client.get("/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "version": searcher.version, "n_docs": searcher.index.n_docs,
-                        "modes": list(searcher.modes()), "refresh_error": None}
+    body = r.json()
+    assert body == {"status": "ok", "version": searcher.version, "n_docs": searcher.index.n_docs,
+                    "modes": body["modes"], "refresh_error": None, "current": searcher.version,
+                    "degraded_since": None}
+    # The demo index has no vectors: no dense, no hybrid. Every mode listed answers; every
+    # other mode of the registry is refused with the reason.
+    assert body["modes"][0] == "bm25" and not {"dense", "hybrid"} & set(body["modes"])
+    for mode in searcher.modes():
+        r = client.post("/search", json={"query": QUERY, "mode": mode, "k": 3})
+        assert r.status_code == (200 if mode in body["modes"] else 400), (mode, r.text)
 
 
 def test_token_auth(searcher):
@@ -216,3 +227,49 @@ def test_new_version_is_picked_up_without_restart(demo_index_1, tmp_path):
         assert h["version"] == v2 and "v999999" in h["refresh_error"]
         r = c.post("/search", json={"query": QUERY, "k": 3})
         assert r.status_code == 200 and r.json()["trace"]["version"] == v2
+
+
+def _serve(args: list[str], env_extra: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()):
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(env_extra or {})
+    return subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", "serve", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--token", ""], {}, "--token is empty"),                       # --token "$FUNNEL_TOKEN", unset
+    (["--token", "   "], {}, "--token is empty"),
+    ([], {"FUNNEL_TOKEN": ""}, "FUNNEL_TOKEN is set but empty"),
+])
+def test_serve_refuses_an_empty_token(demo_index_1, args, env, says):
+    p = _serve([demo_index_1, "--port", "0", *args], env, drop_env=("FUNNEL_TOKEN",))
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 2, err
+    assert err.startswith("error: ") and says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_serve_says_where_it_listens_what_it_serves_and_whether_a_token_is_needed(demo_index_1, searcher, token):
+    args = [demo_index_1, "--port", "0"] + (["--token", token] if token else [])
+    p = _serve(args, drop_env=("FUNNEL_TOKEN",))
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "serving" not in line:
+            assert time.monotonic() < deadline and p.poll() is None, "funnel serve did not start"
+            line = p.stderr.readline()
+        url = re.search(r"at (http://127\.0\.0\.1:\d+)", line).group(1)
+        assert f"version {searcher.version}" in line and demo_index_1 in line
+        modes = re.search(r"modes: ([^;]+);", line).group(1).split(", ")
+        assert modes[0] == "bm25" and "dense" not in modes
+        assert ("token required" in line) if token else ("token not required" in line)
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        assert health["version"] == searcher.version and health["modes"] == modes
+        r = httpx.post(f"{url}/search", json={"query": QUERY}, timeout=10)
+        assert r.status_code == (401 if token else 200)
+    finally:
+        p.terminate()
+        p.wait(timeout=30)

@@ -64,6 +64,11 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
     schema = by_name["search"].input_schema
     assert schema["required"] == ["query"]
     assert schema["properties"]["k"]["maximum"] == 1000 and schema["properties"]["mode"]["default"] == "bm25"
+    # The modes offered are the ones this index serves (as /health lists them): no vectors here,
+    # so neither dense nor hybrid.
+    from funnel.serving.http import servable_modes
+    offered = schema["properties"]["mode"]["description"].removeprefix("retrieval mode: ").split(", ")
+    assert offered == servable_modes(searcher) and offered[0] == "bm25" and not {"dense", "hybrid"} & set(offered)
     assert "hits" in by_name["search"].output_schema["properties"]
     assert all(t.annotations.read_only_hint for t in tools.tools)
 

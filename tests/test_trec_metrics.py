@@ -88,13 +88,20 @@ def test_read_queries_jsonl_and_errors(tmp_path):
         read_queries(path)
 
 
-def test_ranked_docids_ties_by_docid_ascending_and_metrics_agree():
-    # funnel (and Anserini) break score ties by docid ascending; the metrics must evaluate
-    # that ranking, not trec_eval's own docid-descending tie order.
-    assert ranked_docids({"a": 1.0, "b": 1.0, "c": 2.0}) == ["c", "a", "b"]
-    assert ranked_docids({"a": 1.0, "b": 1.0, "c": 2.0}, 2) == ["c", "a"]
-    mean, _ = evaluate({"q": {"a": 1.0, "b": 1.0}}, {"q": {"a": 1}}, ["mrr@10", "ndcg@1"])
-    assert mean["mrr@10"] == 1.0 and mean["ndcg@1"] == 1.0
+def test_ranked_docids_follows_trec_eval_ties_by_default():
+    # trec_eval breaks score ties by docid descending (form_res_rels.c); funnel's own order
+    # (ties ascending, as write_run writes ranks) is available as ties="rank".
+    scores = {"a": 1.0, "b": 1.0, "c": 2.0}
+    assert ranked_docids(scores) == ["c", "b", "a"]
+    assert ranked_docids(scores, 2) == ["c", "b"]
+    assert ranked_docids(scores, ties="rank") == ["c", "a", "b"]
+    with pytest.raises(ValueError, match="trec_eval, rank"):
+        ranked_docids(scores, ties="random")
+    qrels = {"q": {"a": 1}}
+    mean, _ = evaluate({"q": {"a": 1.0, "b": 1.0}}, qrels, ["mrr@10", "ndcg@1"])
+    assert mean == {"mrr@10": 0.5, "ndcg@1": 0.0}  # b outranks a in trec_eval's order
+    mean, _ = evaluate({"q": {"a": 1.0, "b": 1.0}}, qrels, ["mrr@10", "ndcg@1"], ties="rank")
+    assert mean == {"mrr@10": 1.0, "ndcg@1": 1.0}
 
 
 # ---------------------------------------------------------------- metrics.py

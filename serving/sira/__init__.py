@@ -1,0 +1,22 @@
+"""SIRA retrieval, the query side: one expert lexical action instead of many rounds.
+
+    proposers  ->  DF filter  ->  score(d) = BM25(q, d) + λ · BM25(e, d), one weighted call
+
+* :mod:`.proposers`  where expansion vocabulary comes from (``prf``, ``dense``, ``llm``)
+* :mod:`.feedback`   the RM3 relevance model over a doc-major view of the postings
+* :mod:`.dffilter`   keep a phrase when a sub-n-gram has 1 ≤ df ≤ τ·N
+* :mod:`.mode`       settings, the weighted query, the mode function and its explanations
+
+Corpus enrichment (the build-time side) is not here: it lives with the build pipeline.
+"""
+
+from .dffilter import Verdict, df_filter, ngram_key, sub_ngrams
+from .feedback import ForwardIndex, rm3_weights, select_terms
+from .mode import (OPTIONS, PROPOSER_CHOICES, SiraConfig, expansion_terms, needs_dense, resolve_proposer,
+                   run_sira, weighted_query)
+from .proposers import PROPOSERS, Proposal, ProposalContext, evidence_sketch, sketch_schema
+
+__all__ = ["OPTIONS", "PROPOSERS", "PROPOSER_CHOICES", "ForwardIndex", "Proposal", "ProposalContext",
+           "SiraConfig", "Verdict", "df_filter", "evidence_sketch", "expansion_terms", "needs_dense",
+           "ngram_key", "resolve_proposer", "rm3_weights", "run_sira", "select_terms", "sketch_schema",
+           "sub_ngrams", "weighted_query"]

@@ -1,0 +1,87 @@
+"""The query-side DF filter: keep a proposed phrase only when the index knows it and it
+is not too common.
+
+    keep(p)  ⇔  ∃ window w of 1..max_n analyzed tokens of p, w holding a token the query
+                lacks, with  1 ≤ df(w) ≤ τ·N
+
+(DESIGN.md "SIRA retrieval"; the reference code keeps a phrase when any 1..max_n window
+has ``0 < df <= int(ratio * N)``, the same test for integer df). A window of one token is
+a unigram term; a longer window is looked up as an atomic n-gram term under
+:func:`ngram_key`, which only a corpus-enriched index holds: on a plain index every
+n-gram has df 0 and the unigrams decide. Windows made only of query tokens do not count,
+so a phrase cannot pass on the strength of a word the query already has.
+
+A kept phrase contributes every token (and n-gram) the index knows and the query lacks,
+including tokens above τ·N (as the reference, which appends the whole phrase; their low
+idf keeps them weak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Collection, Sequence
+
+#: Valid ``max_n`` values (the reference chooses 1 or 2 per dataset).
+MAX_N_RANGE = (1, 3)
+
+
+def ngram_key(tokens: Sequence[str]) -> str:
+    """The vocabulary key of an atomic n-gram term: analyzed tokens joined by one space.
+
+    The analyzer never emits a space inside a token, so a key cannot collide with a
+    unigram. Corpus enrichment must inject n-grams under this same key.
+    """
+    return " ".join(tokens)
+
+
+def sub_ngrams(tokens: Sequence[str], max_n: int) -> list[tuple[str, ...]]:
+    """Every window of 1..``max_n`` consecutive tokens, shortest first, left to right."""
+    return [tuple(tokens[i:i + n]) for n in range(1, max_n + 1) for i in range(len(tokens) - n + 1)]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the filter decided for one phrase, with the numbers behind it."""
+
+    kept: bool
+    reason: str
+    df: dict[str, int]                # df of every window that holds a new token
+    terms: tuple[str, ...] = ()       # what a kept phrase adds to the expansion query
+
+
+def df_filter(tokens: Sequence[str], query_terms: Collection[str], df_of: Callable[[str], int],
+              n_docs: int, tau: float, max_n: int) -> Verdict:
+    """Decide one phrase; ``tokens`` are its analyzed tokens (see the module docstring).
+
+    Parameters
+    ----------
+    tokens
+        The phrase after the index's analyzer (stopwords removed, stemmed).
+    query_terms
+        The query's analyzed terms (a set or dict is used as is): windows made only of
+        them do not count.
+    df_of
+        Document frequency of a vocabulary key (0 when the index lacks it).
+    n_docs, tau, max_n
+        N, the ceiling ratio τ, and the longest window.
+    """
+    if not tokens:
+        return Verdict(False, "no searchable words (stopwords or punctuation only)", {})
+    qset = query_terms if isinstance(query_terms, (set, frozenset, dict)) else set(query_terms)
+    windows = [w for w in sub_ngrams(tokens, max_n) if not all(t in qset for t in w)]
+    if not windows:
+        return Verdict(False, "adds nothing: every word is already in the query", {})
+    ceiling = tau * n_docs
+    df = {}
+    for w in windows:
+        key = ngram_key(w)
+        if key not in df:
+            df[key] = int(df_of(key))
+    present = [d for d in df.values() if d >= 1]
+    if not present:
+        return Verdict(False, "not in the index (df 0)", df)
+    rarest = min(present)
+    if rarest > ceiling:
+        return Verdict(False, f"too common: df {rarest} > tau*N = {ceiling:g}", df)
+    terms = tuple(k for k, d in df.items() if d >= 1)
+    return Verdict(True, f"kept: df {rarest} <= tau*N = {ceiling:g}", df, terms)

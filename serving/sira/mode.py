@@ -1,0 +1,257 @@
+"""``mode="sira"``: propose vocabulary, DF-filter it, score with one weighted BM25 call.
+
+    score(d) = BM25(q, d) + λ · BM25(e, d)        (DESIGN.md "SIRA retrieval")
+
+q holds the query's analyzed terms (weight = count), e the kept expansion terms (weight =
+the proposer's weight in (0, 1], the largest over the phrases that brought the term).
+Both share idf, k1, b and document lengths, and BM25 is linear in the term weights, so
+:func:`weighted_query` merges them into one {term: weight} dict and ``search_weighted``
+scores the sum in one pass. Each hit's explanation is that call's own per-term
+contributions, split into query and expansion terms.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .dffilter import MAX_N_RANGE, Verdict, df_filter
+from .proposers import PROPOSERS, Proposal, ProposalContext
+
+log = logging.getLogger(__name__)
+
+#: Values of the ``proposer`` option. ``auto``: ``llm`` when a chat model is configured,
+#: else the offline proposer chosen on train/dev (``SiraConfig.offline_proposer``).
+PROPOSER_CHOICES = ("auto", "prf", "dense", "llm", "union")
+OFFLINE_PROPOSERS = ("prf", "dense", "union")
+#: The per-query options of the mode (besides BM25's k1, b, length_norm and dense's nprobe).
+OPTIONS = ("proposer", "lambda", "tau", "max_n", "fb_docs", "fb_terms")
+LAMBDA_MAX = 100.0
+FB_MAX = 100
+
+
+def _error(msg: str) -> Exception:
+    from ..search import SearchError
+    return SearchError(msg)
+
+
+def _number(name: str, value: Any, lo: float, hi: float, integer: bool, lo_open: bool = False):
+    bad = _error(f"{name} must be {'an integer' if integer else 'a number'} in "
+                 f"{'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
+    if isinstance(value, bool):
+        raise bad
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise bad from None
+    if not math.isfinite(x) or x > hi or x < lo or (lo_open and x == lo) or (integer and not x.is_integer()):
+        raise bad
+    return int(x) if integer else x
+
+
+@dataclass(frozen=True)
+class SiraConfig:
+    """SIRA settings; an index's manifest ``sira`` section overrides these defaults and
+    a query's options override both.
+
+    The defaults were chosen on SciFact train and NFCorpus dev qrels only
+    (``bench/bench_sira.py --select``): τ, fb_docs and fb_terms shared by the proposers
+    (the setting with the largest summed gain over BM25 where no proposer loses on either
+    set; 0.1/10/10 are also Anserini's RM3 defaults), then λ per proposer. Mean NDCG@10
+    gain over BM25 there: dense +0.023, union +0.020, prf +0.010, hence ``dense`` as the
+    offline proposer (``prf`` on an index without vectors). ``llm``'s λ 0.2 was chosen
+    with the local SmolLM2-135M on the first 100 queries of each selection set (+0.004).
+    """
+
+    proposer: str = "auto"
+    offline_proposer: str = "dense"
+    tau: float = 0.1
+    max_n: int = 1
+    fb_docs: int = 10
+    fb_terms: int = 10
+    #: λ per proposer; the query's ``lambda`` option overrides it.
+    lambdas: tuple[tuple[str, float], ...] = (("prf", 0.1), ("dense", 0.3), ("llm", 0.2), ("union", 0.2))
+    lam: float | None = None
+
+    def lambda_for(self, proposer: str) -> float:
+        return self.lam if self.lam is not None else dict(self.lambdas)[proposer]
+
+    @classmethod
+    def from_manifest(cls, section: dict | None) -> "SiraConfig":
+        section = dict(section or {})
+        if isinstance(section.get("lambdas"), dict):
+            section["lambdas"] = tuple({**dict(cls.lambdas), **section["lambdas"]}.items())
+        unknown = set(section) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"manifest sira section: unknown key(s) {', '.join(sorted(unknown))}; "
+                             f"valid: {', '.join(cls.__dataclass_fields__)}")
+        return cls(**section)
+
+    @classmethod
+    def from_options(cls, base: "SiraConfig", options: dict) -> "SiraConfig":
+        """``base`` with the SIRA options popped from ``options``, each validated."""
+        kw: dict[str, Any] = {}
+        if "proposer" in options:
+            p = options.pop("proposer")
+            if p not in PROPOSER_CHOICES:
+                raise _error(f"unknown proposer {p!r}; choose one of {', '.join(PROPOSER_CHOICES)}")
+            kw["proposer"] = p
+        if "lambda" in options:
+            kw["lam"] = _number("lambda", options.pop("lambda"), 0.0, LAMBDA_MAX, False)
+        if "tau" in options:
+            kw["tau"] = _number("tau", options.pop("tau"), 0.0, 1.0, False, lo_open=True)
+        if "max_n" in options:
+            kw["max_n"] = _number("max_n", options.pop("max_n"), *MAX_N_RANGE, True)
+        for name in ("fb_docs", "fb_terms"):
+            if name in options:
+                kw[name] = _number(name, options.pop(name), 1, FB_MAX, True)
+        return replace(base, **kw)
+
+
+def resolve_proposer(cfg: SiraConfig, dense_available: bool, chat_available: bool) -> tuple[str, list[str], str]:
+    """(proposer, the sources it runs, a note for the reader) for this index and setup."""
+    from ..search import ModeUnavailable
+    p, note = cfg.proposer, ""
+    if p == "auto":
+        if chat_available:
+            return "llm", ["llm"], ""
+        p = cfg.offline_proposer
+        note = f"no chat model configured: offline proposer {p!r} (chosen on train/dev data)"
+        if p == "dense" and not dense_available:
+            p, note = "prf", note + "; the index has no vectors, so 'prf'"
+    if p == "dense" and not dense_available:
+        raise ModeUnavailable("SIRA proposer 'dense' needs dense vectors, and this index was built without "
+                              "them: rebuild with `funnel build ... --dense`, or use proposer 'prf'")
+    if p == "llm" and not chat_available:
+        raise ModeUnavailable("SIRA proposer 'llm' needs a chat model: open_index(root, chat=ChatProvider("
+                              "base_url=..., model=...)) (any OpenAI-compatible endpoint, or "
+                              "serving.chat.LocalLlamaServer); or use proposer 'auto', 'prf', 'dense' or 'union'")
+    if p == "union":
+        return p, ["prf"] + (["dense"] if dense_available else []) + (["llm"] if chat_available else []), note
+    return p, [p], note
+
+
+def filter_proposals(proposals: list[Proposal], query_terms, index, cfg: SiraConfig) -> list[Verdict]:
+    """The DF filter's verdict on each proposal, against the index's term statistics."""
+    vocab, df, analyze = index.vocab, index.df, index.analyzer.analyze
+
+    def df_of(key: str) -> int:
+        g = vocab.get(key)
+        return 0 if g is None else int(df[g])
+
+    return [df_filter(p.tokens if p.tokens is not None else analyze(p.phrase), query_terms, df_of,
+                      index.n_docs, cfg.tau, cfg.max_n) for p in proposals]
+
+
+def expansion_terms(proposals: list[Proposal], verdicts: list[Verdict]) -> dict[str, tuple[float, tuple[str, ...]]]:
+    """{term: (weight, sources)} over kept proposals; a term's weight is the largest of
+    the proposals that brought it (agreeing sources do not add up)."""
+    out: dict[str, tuple[float, tuple[str, ...]]] = {}
+    for p, v in zip(proposals, verdicts):
+        if not v.kept:
+            continue
+        for t in v.terms:
+            w, src = out.get(t, (0.0, ()))
+            out[t] = (max(w, p.weight), src if p.source in src else src + (p.source,))
+    return out
+
+
+def weighted_query(query_terms: dict[str, float], expansion: dict[str, float], lam: float) -> dict[str, float]:
+    """One {term: weight} dict whose BM25 score is ``BM25(q) + lam · BM25(e)`` (linearity)."""
+    out = dict(query_terms)
+    for t, w in expansion.items():
+        out[t] = out.get(t, 0.0) + lam * w
+    return out
+
+
+def _ms(t: float) -> float:
+    return round((time.perf_counter() - t) * 1000, 3)
+
+
+def run_sira(searcher, query: str, k: int, options: dict):
+    """Mode function for ``Searcher``: (scored, trace, note, explain_fn)."""
+    from ..chat import ChatError
+    options = dict(options)
+    cfg = SiraConfig.from_options(searcher.sira_config, options)
+    nprobe = options.pop("nprobe", None)
+    params = searcher._bm25_params(options)
+    chat_ok = searcher.chat is not None
+    proposer, sources, note = resolve_proposer(cfg, searcher.dense_mode.available, chat_ok)
+    t0 = time.perf_counter()
+    qterms = dict(searcher.bm25.query_terms(query))
+    ctx = ProposalContext(searcher, query, qterms, cfg, params, nprobe)
+    proposals: list[Proposal] = []
+    llm_error = None
+    for src in sources:
+        try:
+            proposals += PROPOSERS[src](ctx)
+        except ChatError as e:  # the search still answers, with the offline proposer
+            llm_error = str(e)
+            log.warning("SIRA llm proposer failed, going on without it: %s", e)
+            if proposer == "llm":
+                fallback, fb_sources, _ = resolve_proposer(replace(cfg, proposer="auto"),
+                                                           searcher.dense_mode.available, False)
+                note = f"the chat model failed ({e}); used offline proposer {fallback!r} instead"
+                proposer = fallback
+                for s2 in fb_sources:
+                    proposals += PROPOSERS[s2](ctx)
+    t_prop = _ms(t0)
+    t = time.perf_counter()
+    verdicts = filter_proposals(proposals, qterms, searcher.index, cfg)
+    exp = expansion_terms(proposals, verdicts)
+    lam = cfg.lambda_for(proposer)
+    weights = weighted_query(qterms, {t_: w for t_, (w, _) in exp.items()}, lam)
+    t_filter = _ms(t)
+    t = time.perf_counter()
+    scored = searcher.bm25.search_weighted(weights, k, params)
+    timings = {**ctx.timings, "propose": t_prop, "filter": t_filter, "bm25": _ms(t)}
+    tau_n = cfg.tau * searcher.index.n_docs
+    trace = {"sira": {
+        "proposer": proposer, "requested": cfg.proposer, "sources": sources, "lambda": lam, "tau": cfg.tau,
+        "tau_n": tau_n, "max_n": cfg.max_n, "fb_docs": cfg.fb_docs, "fb_terms": cfg.fb_terms,
+        "k1": params.k1, "b": params.b, "length_norm": params.length_norm, "note": note,
+        "query_terms": qterms,
+        "proposals": [{"phrase": p.phrase, "source": p.source, "weight": p.weight,
+                       "evidence": p.evidence, "kept": v.kept, "reason": v.reason, "df": v.df,
+                       "terms": list(v.terms)} for p, v in zip(proposals, verdicts)],
+        "expansion_terms": {t_: {"weight": w, "final_weight": lam * w, "sources": list(s)}
+                            for t_, (w, s) in exp.items()},
+        **({"llm_error": llm_error} if llm_error else {})},
+        "timings_ms": timings}
+    if not qterms and not exp:
+        msg = ("The query has no searchable words: every word is a stopword or punctuation "
+               "(for example 'the', 'of', 'is'). Add content words.")
+    elif not scored:
+        msg = "None of the query's terms occur in this collection: " + ", ".join(qterms)
+    elif not exp:
+        msg = "SIRA kept no expansion terms for this query (see trace.sira.proposals); this is plain BM25."
+    else:
+        msg = ""
+    note_text = " ".join(x for x in (msg, note[:1].upper() + note[1:] + "." if note else "") if x)
+
+    def explain(n: int) -> dict:
+        ex = searcher.bm25.explain(weights, n, params)
+        top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
+        terms = {}
+        for t_, v in top:
+            role = "query" if t_ in qterms else "expansion"
+            terms[t_] = {**v, "role": role, **({"sources": list(exp[t_][1])} if t_ in exp else {})}
+        q_parts = [f"{t_} (tf {v['tf']})" for t_, v in terms.items() if v["role"] == "query"]
+        e_parts = [f"{t_} (tf {v['tf']}, {'+'.join(v['sources'])})" for t_, v in terms.items()
+                   if v["role"] == "expansion"]
+        why = "; ".join(x for x in (("query terms " + ", ".join(q_parts[:5])) if q_parts else "",
+                                    ("expansion terms " + ", ".join(e_parts[:5])) if e_parts else "") if x)
+        return {"terms": terms, "why": why or "no term matched",
+                "query_terms": [t_ for t_, v in terms.items() if v["role"] == "query"],
+                "expansion_terms": [t_ for t_, v in terms.items() if v["role"] == "expansion"]}
+
+    return scored, trace, note_text, explain
+
+
+def needs_dense(searcher, options: dict) -> bool:
+    """Whether a sira query with these options runs the dense retriever (for batch prefill)."""
+    cfg = SiraConfig.from_options(searcher.sira_config, dict(options))
+    return "dense" in resolve_proposer(cfg, searcher.dense_mode.available, searcher.chat is not None)[1]

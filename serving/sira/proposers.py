@@ -1,0 +1,163 @@
+"""Proposers: where SIRA's expansion vocabulary comes from.
+
+Every proposer is a function ``(ProposalContext) -> list[Proposal]``; a proposal is a
+phrase with a weight in (0, 1] (1 = the proposer's strongest) and its provenance.
+
+* ``prf``   RM3 terms of the top ``fb_docs`` BM25 documents (pseudo-relevance feedback).
+* ``dense`` the same feedback over the dense retriever's top ``fb_docs`` documents, each
+  term's weight multiplied by its idf (discriminative: the dense neighbours share generic
+  vocabulary that RM3 alone would rank first). Needs an index built with ``--dense``.
+* ``llm``   an expected-evidence sketch from the configured chat model: up to ten phrases
+  a relevant document would contain and the query lacks, never the answer.
+* ``union`` is not a function here: the mode runs every available proposer.
+
+The DF filter (``dffilter``) then decides which proposals count.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .feedback import select_terms
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    phrase: str                        # as proposed: an index term (prf, dense) or LLM text
+    source: str                        # the proposer's name
+    weight: float                      # in (0, 1]; 1 is the source's strongest proposal
+    tokens: tuple[str, ...] | None = None   # analyzed tokens, when the source already has them
+    evidence: str = ""                 # why the source proposed it
+
+
+@dataclass
+class ProposalContext:
+    """What a proposer may look at: the searcher, the query, and the mode's settings."""
+
+    searcher: Any                      # a VersionSearcher: bm25, dense_mode, forward, chat, index
+    query: str
+    query_terms: dict[str, float]
+    config: Any                        # the resolved SiraConfig
+    params: Any                        # BM25Params of this query
+    nprobe: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: bool) -> list[Proposal]:
+    ix, fwd, cfg = ctx.searcher.index, ctx.searcher.forward, ctx.config
+    if len(docnos) == 0:
+        return []
+    uniq, weights, ndocs = fwd.rm3_weights(docnos, doc_weights)
+    if len(uniq) == 0:
+        return []
+    df = ix.df[uniq]
+    qg = [g for t in ctx.query_terms if (g := ix.vocab.get(t)) is not None]
+    eligible = (df <= cfg.tau * ix.n_docs) & ~fwd.short[uniq] & ~np.isin(uniq, qg)
+    pos, w = select_terms(uniq, weights, eligible, cfg.fb_terms, ix.idf[uniq] if use_idf else None)
+    terms = fwd.terms
+    return [Proposal(terms[uniq[p]], source, float(x), (terms[uniq[p]],),
+                     f"in {int(ndocs[p])} of {len(docnos)} feedback docs")
+            for p, x in zip(pos.tolist(), w.tolist())]
+
+
+def propose_prf(ctx: ProposalContext) -> list[Proposal]:
+    """RM3 terms of the top ``fb_docs`` BM25 documents (weights: their BM25 scores)."""
+    docnos, scores = ctx.searcher.bm25.search_arrays(ctx.query_terms, ctx.config.fb_docs, ctx.params)
+    return _feedback(ctx, "prf", docnos, scores, use_idf=False)
+
+
+def propose_dense(ctx: ProposalContext) -> list[Proposal]:
+    """idf-weighted RM3 terms of the dense retriever's top ``fb_docs`` documents."""
+    t = time.perf_counter()
+    hits = ctx.searcher.dense_mode.search(ctx.query, ctx.config.fb_docs, ctx.nprobe)
+    ctx.timings["dense"] = round((time.perf_counter() - t) * 1000, 3)
+    return _feedback(ctx, "dense", [h.docno for h in hits], [h.score for h in hits], use_idf=True)
+
+
+# -- the LLM's expected-evidence sketch ----------------------------------------------------
+
+#: Bump when the prompt or schema changes: it is part of the cache key.
+SKETCH_PROMPT_VERSION = 1
+SKETCH_MAX_PHRASES = 10
+SKETCH_MAX_CHARS = 40
+SKETCH_SYSTEM = ("You help a search engine find evidence. Given a search query, list words and short "
+                 "phrases that a relevant document would contain but the query does not: technical "
+                 "terms, synonyms, abbreviations, names of related concepts. Never state the answer "
+                 "and never repeat the query's words.")
+SKETCH_USER = ("Query: {query}\n\nList up to {n} phrases of 1 to {max_n} words that a document "
+               "answering this query would use.")
+
+
+def sketch_schema(n: int = SKETCH_MAX_PHRASES, max_chars: int = SKETCH_MAX_CHARS) -> dict:
+    """JSON Schema of the sketch: ``{"keywords": [str (1..max_chars), ... (1..n)]}``."""
+    return {"type": "object", "additionalProperties": False, "required": ["keywords"],
+            "properties": {"keywords": {"type": "array", "minItems": 1, "maxItems": n,
+                                        "items": {"type": "string", "minLength": 1,
+                                                  "maxLength": max_chars}}}}
+
+
+def _sketch_cache():
+    from ..chat import ExpansionCache
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = ExpansionCache()
+    return _CACHE
+
+
+_CACHE = None
+
+
+def evidence_sketch(chat, query: str, max_n: int, n: int = SKETCH_MAX_PHRASES, cache=None,
+                    max_chars: int = SKETCH_MAX_CHARS) -> list[str]:
+    """Up to ``n`` phrases of 1..``max_n`` words the evidence would use.
+
+    The prompt asks for 1..``max_n`` words; a longer phrase is kept whole (the DF filter
+    looks at its 1..max_n windows and it contributes its unigrams). Whitespace is
+    normalized, case-insensitive duplicates and phrases without a word character dropped.
+    Cached by ``(chat.model, SKETCH_PROMPT_VERSION, query, max_n, n)`` in ``cache``
+    (default: a process-wide LRU). Raises :class:`funnel.serving.chat.ChatError` when the
+    model fails.
+    """
+    cache = _sketch_cache() if cache is None else cache
+    key = (chat.model, SKETCH_PROMPT_VERSION, query, max_n, n)
+    if (hit := cache.get(key)) is not None:
+        return list(hit)
+    messages = [{"role": "system", "content": SKETCH_SYSTEM},
+                {"role": "user", "content": SKETCH_USER.format(query=query, n=n, max_n=max_n)}]
+    answer = chat.complete_json(messages, sketch_schema(n, max_chars), max_tokens=n * (max_chars + 8) + 16,
+                                schema_name="evidence_sketch")
+    out, seen = [], set()
+    for p in answer.get("keywords", []):
+        phrase = " ".join(str(p).split())
+        k = tuple(re.findall(r"\w+", phrase.casefold()))
+        if k and k not in seen:
+            seen.add(k)
+            out.append(phrase)
+    cache.put(key, tuple(out[:n]))
+    return out[:n]
+
+
+def propose_llm(ctx: ProposalContext) -> list[Proposal]:
+    """The chat model's expected-evidence sketch; every phrase weighs 1."""
+    t = time.perf_counter()
+    try:
+        phrases = evidence_sketch(ctx.searcher.chat, ctx.query, ctx.config.max_n)
+    finally:
+        ctx.timings["llm"] = round((time.perf_counter() - t) * 1000, 3)
+    model = getattr(ctx.searcher.chat, "model", "chat model")
+    return [Proposal(p, "llm", 1.0, None, f"expected-evidence sketch by {model}") for p in phrases]
+
+
+#: The proposer functions by name; ``union`` runs every one that is available.
+PROPOSERS: dict[str, Callable[[ProposalContext], list[Proposal]]] = {
+    "prf": propose_prf, "dense": propose_dense, "llm": propose_llm}
+
+

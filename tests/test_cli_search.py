@@ -1,0 +1,107 @@
+"""`funnel search` flags against the real 400-document demo index (BM25, no vectors): the
+per-query options reach the scorer or fail the API's own validation with exit 2, and batch
+runs create their folder, say which queries were skipped and can drop self-hits."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from funnel.serving.cli import main
+
+from conftest import write_jsonl
+
+QUERY = "parse command line arguments"
+
+
+def search_json(capsys, index, *flags) -> dict:
+    assert main(["search", index, QUERY, "--json", *flags]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_query_may_follow_the_options(demo_index_1, capsys):
+    res = search_json(capsys, demo_index_1, "--k", "2")
+    assert main(["search", demo_index_1, "--k", "2", "--json", QUERY]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"] == res["hits"]
+    assert main(["search", demo_index_1, "--k", "2", QUERY, "extra words"]) == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_bm25_options_reach_the_scorer(demo_index_1, capsys):
+    base = search_json(capsys, demo_index_1)
+    res = search_json(capsys, demo_index_1, "--k1", "1.2", "--b", "0.75", "--length-norm", "exact")
+    assert res["trace"]["bm25"] == {**base["trace"]["bm25"], "k1": 1.2, "b": 0.75, "length_norm": "exact"}
+    assert [h["score"] for h in res["hits"]] != [h["score"] for h in base["hits"]]
+    res = search_json(capsys, demo_index_1, "--context-tokens", "120", "--k", "3")
+    assert res["trace"]["context"] and sum(len(c["text"].split()) for c in res["trace"]["context"]) <= 120
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--b", "2"], "b must be in [0, 1], got 2.0"),
+    (["--k1", "-1"], "k1 must be >= 0"),
+    (["--alpha", "0.3"], "unknown option(s) alpha for mode 'bm25'; valid: b, context_tokens, k1, length_norm"),
+    (["--nprobe", "4"], "unknown option(s) nprobe for mode 'bm25'"),
+    (["--rerank", "biencoder"], "--rerank biencoder reranks with the index's embedder"),
+    (["--mode", "hybrid", "--fusion", "rrf"], "mode 'hybrid' needs dense vectors"),
+    (["--k", "0"], "k must be an integer between 1 and"),
+    (["--chat", "localhost:8080"], "--chat wants BASE_URL#MODEL"),
+])
+def test_option_errors_come_from_the_api_as_exit_2(demo_index_1, capsys, flags, says):
+    assert main(["search", demo_index_1, QUERY, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and "Traceback" not in err
+
+
+def test_batch_run_creates_its_folder_and_lists_skipped_queries(demo_index_1, tmp_path, capsys):
+    queries = write_jsonl(tmp_path / "q.jsonl", [
+        {"_id": "q1", "text": QUERY}, {"_id": "q2", "text": "   "},
+        {"_id": "q3", "text": "x" * 200_000}, {"_id": "q4", "text": "gzip compress a file"}])
+    run = tmp_path / "new" / "deeper" / "bm25.trec"
+    assert main(["search", demo_index_1, "--queries", queries, "--run", str(run), "--k", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert f"wrote {run}: 2 queries" in out
+    assert "skipped 2 of 4 queries:" in err
+    assert "  q2: empty query" in err and "  q3: query has 200000 characters" in err
+    lines = [line.split() for line in run.read_text().splitlines()]
+    assert {l[0] for l in lines} == {"q1", "q4"} and len(lines) == 10
+
+
+def test_remove_query_drops_self_hits(demo_index_1, tmp_path, capsys):
+    # A query whose id is a document id, as in ArguAna or Quora: its own document ranks first.
+    queries = write_jsonl(tmp_path / "q.jsonl", [{"_id": "argparse", "text": QUERY}])
+    keep, drop = tmp_path / "keep.trec", tmp_path / "drop.trec"
+    assert main(["search", demo_index_1, "--queries", queries, "--run", str(keep), "--k", "5"]) == 0
+    assert main(["search", demo_index_1, "--queries", queries, "--run", str(drop), "--k", "5",
+                 "--remove-query"]) == 0
+    capsys.readouterr()
+    kept = [l.split()[2] for l in keep.read_text().splitlines()]
+    dropped = [l.split()[2] for l in drop.read_text().splitlines()]
+    assert kept[0] == "argparse" and "argparse" not in dropped
+    assert dropped[:4] == kept[1:] and len(dropped) == 5  # still k documents
+
+
+def test_unwritable_run_is_refused_before_any_work(demo_index_1, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    missing_queries = str(tmp_path / "no-such-queries.jsonl")  # would fail later, were the run not checked first
+    assert main(["search", demo_index_1, "--queries", missing_queries, "--run", str(blocker / "run.trec")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write --run {blocker / 'run.trec'}: {blocker} is a file, not a folder")
+    os.makedirs(tmp_path / "adir")
+    assert main(["search", demo_index_1, "--queries", missing_queries, "--run", str(tmp_path / "adir")]) == 2
+    assert "is a folder: give a file name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--queries", "q.jsonl"], "--queries needs --run"),
+    (["--run", "r.trec", QUERY], "--run writes a batch run: give --queries FILE"),
+    ([QUERY, "--remove-query"], "--remove-query applies to a batch run"),
+    (["--queries", "q.jsonl", "--run", "r.trec", "--context-tokens", "100"], "--context-tokens packs the context"),
+    ([QUERY, "--queries", "q.jsonl", "--run", "r.trec"], "either a query or --queries"),
+    ([], "give a query"),
+])
+def test_flag_combinations_that_make_no_sense(demo_index_1, capsys, argv, says):
+    assert main(["search", demo_index_1, *argv]) == 2
+    assert says in capsys.readouterr().err
