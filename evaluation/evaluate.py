@@ -4,9 +4,10 @@ Index building is passed in (``ensure_index``) by the CLI, so the query side nev
 the Ray job. Two conventions decide whether a figure is comparable with published ones, and
 both are stated in every summary and report:
 
-* **tie order**: runs are written the way Anserini writes them (scores rounded to 4
+* **tie order**: BM25 runs are written the way Anserini writes them (scores rounded to 4
   decimals, remaining ties broken by docid ascending with 1e-6 steps,
-  :func:`funnel.evaluation.trec.tiebreak`) and evaluated as trec_eval evaluates the written
+  :func:`funnel.evaluation.trec.tiebreak`), dense and hybrid runs with their exact scores as
+  BEIR and MTEB evaluate them; every run is evaluated as trec_eval evaluates the written
   file (:mod:`funnel.evaluation.metrics`), so the figures are the published ones;
 * **remove-query** (BEIR ``ignore_identical_ids``, Pyserini ``--remove-query``): drop the
   hit whose doc id is the query id. ``"auto"`` turns it on when at least
@@ -28,7 +29,7 @@ from collections.abc import Collection, Iterator
 from typing import Callable
 
 from .metrics import describe_ties, evaluate, format_table
-from .trec import TIE_ORDERS, PathLike, check_ties, open_text, read_qrels, read_queries, tiebreak_run, write_run
+from .trec import TIE_ORDERS, PathLike, check_ties, open_text, read_qrels, read_queries, run_as_written, write_run
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +145,12 @@ def run_mode(searcher, queries: dict[str, str], mode: str, k: int = 100, *, remo
              errors: dict[str, str] | None = None, **options) -> dict[str, dict[str, float]]:
     """One mode's run ``{qid: {doc_id: score}}`` as it is written and evaluated.
 
-    Scores go through :func:`funnel.evaluation.trec.tiebreak` (Anserini's convention), so
-    the figures printed equal trec_eval's on the run file written from them.
+    Lexical modes' scores go through :func:`funnel.evaluation.trec.tiebreak` (Anserini's
+    convention; :func:`~funnel.evaluation.trec.run_as_written`), so the figures printed
+    equal trec_eval's on the run file written from them.
     """
     run = searcher.search_batch(queries, mode=mode, k=k, remove_query=remove_query, errors=errors, **options)
-    return tiebreak_run({q: dict(hits) for q, hits in run.items()})
+    return run_as_written({q: dict(hits) for q, hits in run.items()}, mode)
 
 
 def _skipped_note(mode: str, errors: dict[str, str], n_queries: int, show: int = 3) -> str:
