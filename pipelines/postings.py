@@ -8,6 +8,13 @@ A shard directory ``lexical/shard-NNNN/`` holds
     tfs.npy         int32 [P]         term frequencies
     doclen.npy      int32 [n_docs]    exact document lengths (indexed tokens)
     term_gid.npy    int32 [V]         global term id of each local term (written at finalize)
+    term_max_tf.npy int32 [V]         largest tf in each term's postings (written at finalize)
+    term_min_dl.npy int32 [V]         shortest document length in each term's postings (finalize)
+
+The last two bound every posting's BM25 factor ``tf/(tf + k1·(1 - b + b·dl/avgdl))`` for
+any (k1, b) and either length encoding (it grows with tf and shrinks with dl), so serving
+can prune (MaxScore) without knowing the parameters at build time. Indexes written before
+they existed stay readable: serving computes them on first use.
 
 Global term ids are positions in the globally sorted vocabulary, so ``term_gid`` is
 increasing and serving finds a global term in a shard with one binary search. Ascending
@@ -27,6 +34,7 @@ import pyarrow.parquet as pq
 from .artifacts import save_npy_atomic
 
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
+BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in older indexes
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,36 @@ def finalize_shard(shard_dir: str, global_terms: np.ndarray) -> None:
     if len(gid) and not np.array_equal(global_terms[np.minimum(gid, len(global_terms) - 1)], local_terms):
         raise RuntimeError(f"shard {shard_dir}: terms missing from the global vocabulary")
     save_npy_atomic(os.path.join(shard_dir, "term_gid.npy"), gid)
+    a = load_shard(shard_dir, with_bounds=False)
+    max_tf, min_dl = term_bounds(a["indptr"], a["docs"], a["tfs"], a["doclen"])
+    save_npy_atomic(os.path.join(shard_dir, "term_max_tf.npy"), max_tf)
+    save_npy_atomic(os.path.join(shard_dir, "term_min_dl.npy"), min_dl)
 
 
-def load_shard(shard_dir: str, mmap: bool = True) -> dict[str, np.ndarray]:
+def term_bounds(indptr: np.ndarray, docs: np.ndarray, tfs: np.ndarray,
+                doclen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per term: (largest tf, shortest document length) over its postings, int32; 0 for a
+    term without postings. One pass in chunks of terms, so memory stays small."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    n_terms = len(indptr) - 1
+    max_tf = np.zeros(n_terms, dtype=np.int32)
+    min_dl = np.zeros(n_terms, dtype=np.int32)
+    nonempty = np.flatnonzero(np.diff(indptr) > 0)
+    chunk = 1 << 16  # terms per step
+    for c in range(0, len(nonempty), chunk):
+        t = nonempty[c:c + chunk]
+        lo, hi = int(indptr[t[0]]), int(indptr[t[-1] + 1])
+        starts = indptr[t] - lo
+        max_tf[t] = np.maximum.reduceat(np.asarray(tfs[lo:hi]), starts)
+        min_dl[t] = np.minimum.reduceat(np.asarray(doclen)[np.asarray(docs[lo:hi])], starts)
+    return max_tf, min_dl
+
+
+def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True) -> dict[str, np.ndarray]:
+    """The shard's arrays by name (``indptr``, ``docs``, ...); the bound arrays where present."""
     mode = "r" if mmap else None
     names = POSTING_FILES + ("term_gid.npy",)
+    if with_bounds:
+        names += tuple(n for n in BOUND_FILES if os.path.exists(os.path.join(shard_dir, n)))
     return {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
 

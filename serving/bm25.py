@@ -94,9 +94,40 @@ class BM25Params:
             raise ValueError(f"unknown length_norm {self.length_norm!r}; choose one of {', '.join(LENGTH_NORMS)}")
 
 
+def norm_bytes(doclen: np.ndarray) -> np.ndarray:
+    """Lucene's one-byte norm (``SmallFloat.intToByte4``) of each length, as uint8."""
+    uniq, inv = np.unique(np.asarray(doclen, dtype=np.int64), return_inverse=True)
+    enc = np.array([int_to_byte4(int(u)) for u in uniq], dtype=np.uint8)
+    return enc[inv].reshape(np.shape(doclen))
+
+
+def denominator_table(params: "BM25Params", avgdl: float, max_len: int) -> np.ndarray:
+    """``k1 · (1 - b + b · L / avgdl)`` for every length code a document can have.
+
+    With Lucene norms the code is the norm byte (256 entries, L = ``byte4ToInt(code)``), as
+    Lucene's BM25Similarity caches it; with exact lengths the code is the length itself
+    (``max_len + 1`` entries). Elementwise the same arithmetic as ``length_denominator``
+    on each document's length, so scores are bit-identical to a per-document computation.
+    """
+    if params.length_norm == "exact":
+        return length_denominator(np.arange(max_len + 1, dtype=np.float64), avgdl, params.k1, params.b)
+    return length_denominator(_BYTE4_TABLE, avgdl, params.k1, params.b)
+
+
 class ShardScorer:
-    """Scores one shard. Impacts ``tf/(tf+denom)`` are computed once per parameter setting
-    and cached, so a query costs one gather and one ``bincount`` per shard."""
+    """One shard's postings, memory-mapped, and the NumPy reference scorer.
+
+    Nothing proportional to the postings is ever materialised: the per-posting factor
+    ``tf/(tf+denom)`` is computed for the query's postings only, from a per-document length
+    code (Lucene's norm byte, computed once per shard: one byte per document) and a small
+    table of denominators per (k1, b). The fast path is ``kernels.search_shards``, which
+    scores all shards in one compiled call; ``use_kernel = False`` on any shard selects
+    this reference path instead (tests run both).
+
+    Per-term bounds for pruning (largest tf, shortest document length) are read from
+    ``term_max_tf.npy`` / ``term_min_dl.npy`` when the build wrote them, else computed on
+    first use (indexes from before they existed).
+    """
 
     def __init__(self, arrays: dict[str, np.ndarray], avgdl: float):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
@@ -107,28 +138,43 @@ class ShardScorer:
         self.term_gid = np.asarray(arrays["term_gid"])
         self.n_docs = len(self.doclen)
         self.avgdl = avgdl
-        self._impacts: dict[BM25Params, np.ndarray] = {}
+        self._max_tf = arrays.get("term_max_tf")
+        self._min_dl = arrays.get("term_min_dl")
+        self._norms = None
+        self._min_norm = None
         self._lucene_dl = None
         self.use_kernel = True
-        import threading
-        self._tls = threading.local()
+
+    @property
+    def norms(self) -> np.ndarray:
+        """Lucene norm byte of every document (uint8)."""
+        if self._norms is None:
+            self._norms = norm_bytes(self.doclen)
+        return self._norms
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(largest tf, shortest document length) of each local term's postings."""
+        if self._max_tf is None or self._min_dl is None:
+            from funnel.pipelines.postings import term_bounds
+            self._max_tf, self._min_dl = term_bounds(self.indptr, self.docs, self.tfs, self.doclen)
+        return np.asarray(self._max_tf), np.asarray(self._min_dl)
+
+    def min_norms(self) -> np.ndarray:
+        """Norm byte of each term's shortest document (the bound's length code, Lucene norms)."""
+        if self._min_norm is None:
+            self._min_norm = norm_bytes(self.bounds()[1])
+        return self._min_norm
+
+    def codes(self, params: BM25Params) -> np.ndarray:
+        """Each document's length code: its norm byte, or its exact length."""
+        return self.doclen if params.length_norm == "exact" else self.norms
 
     def lengths(self, params: BM25Params) -> np.ndarray:
         if params.length_norm == "exact":
             return self.doclen.astype(np.float64)
         if self._lucene_dl is None:
-            self._lucene_dl = lucene_lengths(self.doclen)
+            self._lucene_dl = _BYTE4_TABLE[self.norms]
         return self._lucene_dl
-
-    def impacts(self, params: BM25Params) -> np.ndarray:
-        imp = self._impacts.get(params)
-        if imp is None:
-            denom = length_denominator(self.lengths(params), self.avgdl, params.k1, params.b)
-            imp = term_impacts(np.asarray(self.tfs), denom[np.asarray(self.docs)])
-            if len(self._impacts) > 8:
-                self._impacts.clear()
-            self._impacts[params] = imp
-        return imp
 
     def local_terms(self, gids: np.ndarray) -> np.ndarray:
         """Local term index of each global id, -1 where the shard lacks the term."""
@@ -138,47 +184,40 @@ class ShardScorer:
         pos_c = np.minimum(pos, len(self.term_gid) - 1)
         return np.where(self.term_gid[pos_c] == gids, pos_c, -1)
 
-    def score(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params) -> np.ndarray | None:
-        """Dense score vector over the shard's documents (None when no term occurs here).
-
-        ``weights`` already include idf: w_t · idf_t.
-        """
+    def _term_parts(self, gids, weights, params):
         local = self.local_terms(gids)
-        imp = self.impacts(params)
-        doc_parts, val_parts = [], []
-        indptr = self.indptr
+        code = self.codes(params)
+        table = denominator_table(params, self.avgdl, int(self.doclen.max(initial=0)))
         for li, w in zip(local.tolist(), weights.tolist()):
             if li < 0:
                 continue
-            s, e = indptr[li], indptr[li + 1]
-            doc_parts.append(self.docs[s:e])
-            val_parts.append(imp[s:e] * w)
-        if not doc_parts:
+            s, e = self.indptr[li], self.indptr[li + 1]
+            d = self.docs[s:e]
+            yield d, term_impacts(self.tfs[s:e], table[code[d]]) * w
+
+    def score(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params) -> np.ndarray | None:
+        """Dense score vector over the shard's documents (None when no term occurs here).
+
+        ``weights`` already include idf: w_t · idf_t. Terms are summed in the given order.
+        """
+        parts = list(self._term_parts(gids, weights, params))
+        if not parts:
             return None
-        if len(doc_parts) == 1:
+        if len(parts) == 1:
             out = np.zeros(self.n_docs)
-            out[doc_parts[0]] = val_parts[0]
+            out[parts[0][0]] = parts[0][1]
             return out
-        return np.bincount(np.concatenate(doc_parts), weights=np.concatenate(val_parts),
+        return np.bincount(np.concatenate([d for d, _ in parts]), weights=np.concatenate([v for _, v in parts]),
                            minlength=self.n_docs)
 
     def top_candidates(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params,
                        k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Local ids and scores of the shard's top ``k`` (all ties at the k-th score kept)."""
-        from .kernels import HAVE_NUMBA, accumulate_topk
-        if HAVE_NUMBA and self.use_kernel:
-            local = self.local_terms(gids)
-            acc = getattr(self._tls, "acc", None)
-            if acc is None:
-                acc = self._tls.acc = np.zeros(self.n_docs)
-            ids, vals = accumulate_topk(self.indptr, self.docs, self.impacts(params), local,
-                                        np.ascontiguousarray(weights, dtype=np.float64), acc, k)
-            pos = vals > 0
-            return ids[pos], vals[pos]
+        """Local ids and scores of the shard's top ``k`` (all ties at the k-th score kept),
+        positive scores only; the NumPy reference for ``kernels.search_shards``."""
         scores = self.score(gids, weights, params)
         if scores is None:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        nz = np.flatnonzero(scores)
+        nz = np.flatnonzero(scores > 0)
         vals = scores[nz]
         if len(nz) > k:
             kth = np.partition(vals, len(nz) - k)[len(nz) - k]

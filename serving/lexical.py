@@ -3,17 +3,29 @@
 ``search_weighted`` takes {term: weight}; plain BM25 uses the term's count in the query,
 SIRA (later) passes its own weights for expansion terms: one weighted BM25 call.
 Ties are broken by doc_id, so a sharded index returns exactly an unsharded one's ranking.
+
+Terms are scored in one canonical order (w·idf descending, then global term id), the same
+on every path, so a document's score is the same float sum whichever path computes it:
+the compiled kernel (``kernels.search_shards``: all shards in one call, MaxScore pruning
+when every weight is positive) or the NumPy reference (``ShardScorer.top_candidates`` per
+shard, then a merge), which runs where numba is absent or ``use_kernel`` is off.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from .bm25 import BM25Params, idf_lucene
+from . import kernels
+from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from .index import IndexVersion
+
+_DEFAULT = BM25Params()
+PRUNE_MIN_POSTINGS = 100_000  # see BM25Retriever.prune_min_postings
+IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,69 @@ class BM25Retriever:
 
     def __init__(self, index: IndexVersion):
         self.index = index
+        # MaxScore in the kernel for a shard where the query has at least this many postings
+        # (-1: never). Below that, exhaustive term-at-a-time is faster: on SciFact/NFCorpus
+        # pruning's bookkeeping costs more than the postings it skips.
+        self.prune_min_postings = PRUNE_MIN_POSTINGS
+        # [shards where pruning switched to candidates only, postings left to candidates there]
+        self.prune_stats = np.zeros(2, dtype=np.int64)
+        self._kernel_args: dict[str, tuple] = {}
+        self._tables: dict[BM25Params, np.ndarray] = {}
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+
+    def _use_kernel(self) -> bool:
+        return kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
+
+    def _shard_args(self, length_norm: str) -> tuple:
+        """(meta, code prototype, doc offsets, id ranks) for the kernel, built once per length
+        encoding; the arrays ``meta`` points into stay referenced in ``_kernel_args``."""
+        args = self._kernel_args.get(length_norm)
+        if args is None:
+            with self._lock:
+                args = self._kernel_args.get(length_norm)
+                if args is None:
+                    exact = length_norm == "exact"
+                    shards = [{"indptr": s.indptr, "docs": s.docs, "tfs": s.tfs, "term_gid": s.term_gid,
+                               "max_tf": s.bounds()[0],
+                               "code": s.doclen.astype(np.int32, copy=False) if exact else s.norms,
+                               "min_code": s.bounds()[1] if exact else s.min_norms()}
+                              for s in self.index.shards]
+                    meta, keep = kernels.shard_table(shards)
+                    proto = np.zeros(0, dtype=np.int32 if exact else np.uint8)
+                    doc_off = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
+                    id_rank = np.concatenate([np.zeros(0, dtype=np.int64)] +
+                                             [np.asarray(r, dtype=np.int64) for r in self.index.docs.id_rank])
+                    args = (meta, proto, doc_off, id_rank, keep)
+                    self._kernel_args[length_norm] = args
+        return args
+
+    def _table(self, params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
+        """(denominator per length code, impact grid for tf < IMPACT_TFS) for ``params``."""
+        t = self._tables.get(params)
+        if t is None:
+            exact = params.length_norm == "exact"
+            max_len = max((int(s.doclen.max(initial=0)) for s in self.index.shards), default=0) if exact else 255
+            den = denominator_table(params, self.index.avgdl, max_len)
+            # Lucene norms: 256 codes x 32 tfs = 64 KB, mostly the tf=1..3 rows in use.
+            tf = np.arange(0 if exact else IMPACT_TFS, dtype=np.float64)[:, None]
+            with np.errstate(invalid="ignore", divide="ignore"):  # tf = 0 with k1 = 0: never read
+                itab = np.ascontiguousarray(term_impacts(tf, den[None, :]).ravel())
+            t = (den, itab)
+            if len(self._tables) > 16:
+                self._tables.clear()
+            self._tables[params] = t
+        return t
+
+    def _buffers(self) -> tuple:
+        """This thread's zeroed accumulators and touched-lists, one per shard (reused)."""
+        b = getattr(self._tls, "buffers", None)
+        if b is None:
+            sh = self.index.shards
+            n = sum(s.n_docs for s in sh)
+            # touched gets one spare slot: the kernel writes one past the last seen document.
+            b = self._tls.buffers = (np.zeros(n), np.zeros(n + 1, dtype=np.int32))
+        return b
 
     def query_terms(self, query: str) -> Counter:
         return Counter(self.index.analyzer.analyze(query))
@@ -52,11 +127,25 @@ class BM25Retriever:
     def search_arrays(self, terms: dict[str, float], k: int,
                       params: BM25Params | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(docnos, scores) of the top ``k``, best first; ties by doc_id ascending."""
-        params = params or BM25Params()
+        params = params or _DEFAULT
         gids, ws, _ = self.weights(terms)
-        empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         if len(gids) == 0:
-            return empty
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        if len(gids) > 1:  # the canonical term order (module docstring)
+            order = np.lexsort((gids, -ws))
+            gids, ws = gids[order], ws[order]
+        if self._use_kernel():
+            meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
+            acc, touched = self._buffers()
+            den, itab = self._table(params)
+            return kernels.search_shards(meta, proto, doc_off, id_rank, acc, touched, den, itab,
+                                         gids, ws, k,
+                                         self.prune_min_postings if ws.min() > 0 else -1, self.prune_stats)
+        return self._search_reference(gids, ws, k, params)
+
+    def _search_reference(self, gids: np.ndarray, ws: np.ndarray, k: int,
+                          params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         ix = self.index
         scores_parts, docno_parts, tie_parts = [], [], []
         for s, shard in enumerate(ix.shards):

@@ -1,0 +1,194 @@
+"""Oracles for the fast BM25 path: the compiled kernel (pruned and exhaustive) against the
+NumPy reference and a brute-force scorer, over many random queries with many ties, sharded
+against unsharded, Lucene norms and exact lengths, default and overridden (k1, b)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from funnel.pipelines.postings import build_postings, term_bounds
+from funnel.serving import kernels
+from funnel.serving.bm25 import BM25Params, ShardScorer, idf_lucene, lucene_lengths
+from funnel.serving.lexical import BM25Retriever
+
+needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: only the NumPy path runs")
+
+
+def _corpus(seed=0, n=700, vocab=120):
+    """Zipf-ish documents, plus exact duplicates and same-length near-duplicates: many ties."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i:03d}" for i in range(vocab)]
+    p = 1.0 / np.arange(1, vocab + 1)
+    p /= p.sum()
+    docs = [list(rng.choice(words, size=int(rng.integers(1, 90)), p=p)) for _ in range(n)]
+    for i in range(0, n // 3, 3):  # duplicates: identical scores for every query
+        docs[n - 1 - i] = list(docs[i])
+    docs.append([])  # an empty document never matches
+    ids = [f"d{rng.integers(10**6):06d}-{i}" for i in range(len(docs))]
+    return docs, ids, words
+
+
+def _index(docs, ids, shards, bounds_on_disk=True):
+    """What IndexVersion gives the retriever, built in memory: global vocabulary, hash shards."""
+    terms = sorted({t for d in docs for t in d})
+    gid = {t: i for i, t in enumerate(terms)}
+    assign = [hash(i) % shards for i in ids] if shards > 1 else [0] * len(ids)
+    n_nonempty = sum(1 for d in docs if d)
+    avgdl = sum(len(d) for d in docs) / n_nonempty
+    df = np.zeros(len(terms), dtype=np.int64)
+    for d in docs:
+        for t in set(d):
+            df[gid[t]] += 1
+    scorers, shard_ids = [], []
+    for s in range(shards):
+        members = [i for i, a in enumerate(assign) if a == s]
+        p = build_postings([docs[i] for i in members])
+        arrays = {"indptr": p.indptr, "docs": p.docs, "tfs": p.tfs, "doclen": p.doclen,
+                  "term_gid": np.array([gid[t] for t in p.terms], dtype=np.int32)}
+        if bounds_on_disk:
+            arrays["term_max_tf"], arrays["term_min_dl"] = term_bounds(p.indptr, p.docs, p.tfs, p.doclen)
+        scorers.append(ShardScorer(arrays, avgdl))
+        shard_ids.append(np.array([ids[i] for i in members], dtype=object))
+    all_ids = np.concatenate(shard_ids)
+    rank = np.empty(len(all_ids), dtype=np.int64)
+    rank[np.argsort(all_ids, kind="stable")] = np.arange(len(all_ids))
+    bounds = np.cumsum([0] + [len(x) for x in shard_ids])
+    docstore = SimpleNamespace(id_rank=[rank[bounds[s]:bounds[s + 1]] for s in range(shards)],
+                               doc_ids=shard_ids)
+    ix = SimpleNamespace(shards=scorers, docs=docstore, vocab=gid, idf=idf_lucene(df, n_nonempty),
+                         avgdl=avgdl, n_docs_nonempty=n_nonempty)
+    return BM25Retriever(ix)
+
+
+def _ranked(r, terms, k, params=None):
+    dn, sc = r.search_arrays(terms, k, params)
+    ids = r.index.docs.doc_ids
+    return [(ids[int(n) >> 32][int(n) & 0xFFFFFFFF], float(s)) for n, s in zip(dn, sc)]
+
+
+def _queries(words, n=300, seed=1):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        q = list(rng.choice(words, size=int(rng.integers(1, 13))))
+        out.append({t: q.count(t) for t in q})
+    out.append({"w000": 1, "absent": 2})
+    out.append({"absent": 1})
+    return out
+
+
+def _brute(docs, ids, terms, k, params):
+    """Every document scored from the formula, ranked by (-score, doc_id)."""
+    n = sum(1 for d in docs if d)
+    dl = np.array([len(d) for d in docs])
+    avgdl = dl.sum() / n
+    L = dl.astype(float) if params.length_norm == "exact" else lucene_lengths(dl)
+    out = []
+    for i, d in enumerate(docs):
+        s = 0.0
+        for t, w in terms.items():
+            tf = d.count(t)
+            if tf:
+                df = sum(t in x for x in docs)
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                s += w * idf * tf / (tf + params.k1 * (1 - params.b + params.b * L[i] / avgdl))
+        if s > 0:
+            out.append((ids[i], s))
+    return sorted(out, key=lambda x: (-x[1], x[0]))[:k]
+
+
+PARAMS = [BM25Params(), BM25Params(1.2, 0.75), BM25Params(0.9, 0.4, "exact"), BM25Params(0.0, 0.3)]
+
+
+@needs_numba
+@pytest.mark.parametrize("params", PARAMS, ids=str)
+def test_pruned_equals_exhaustive_equals_numpy_reference(params):
+    docs, ids, words = _corpus()
+    r = _index(docs, ids, shards=3)
+    n_ties = 0
+    for terms in _queries(words):
+        for k in (1, 3, 10, 100):
+            r.prune_min_postings = 0  # prune wherever it can
+            pruned = _ranked(r, terms, k, params)
+            r.prune_min_postings = -1
+            exhaustive = _ranked(r, terms, k, params)
+            for s in r.index.shards:
+                s.use_kernel = False
+            reference = _ranked(r, terms, k, params)
+            for s in r.index.shards:
+                s.use_kernel = True
+            assert pruned == exhaustive == reference, (terms, k)  # same docs, same bits
+            sc = [s for _, s in exhaustive]
+            n_ties += sum(a == b for a, b in zip(sc, sc[1:]))
+    assert n_ties > 100  # the fixture really exercises tie-breaking
+    assert r.prune_stats[0] > 100  # ... and pruning: shards that stopped admitting documents
+
+
+@pytest.mark.parametrize("params", PARAMS[:3], ids=str)
+def test_matches_brute_force_formula(params):
+    docs, ids, words = _corpus(seed=3, n=250)
+    r = _index(docs, ids, shards=2)
+    for terms in _queries(words, n=60, seed=4):
+        for k in (5, 50):
+            got = _ranked(r, terms, k, params)
+            want = _brute(docs, ids, terms, k, params)
+            assert len(got) == len(want)
+            np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-12, atol=1e-12)
+            # Documents agree wherever the scores are not within rounding of each other.
+            for (gd, gs), (wd, ws) in zip(got, want):
+                near = [d for d, s in want if abs(s - gs) < 1e-9]
+                assert gd == wd or gd in near
+
+
+@pytest.mark.parametrize("prune", [0, -1])
+def test_sharded_equals_unsharded(prune):
+    docs, ids, words = _corpus(seed=5)
+    one, four = _index(docs, ids, shards=1), _index(docs, ids, shards=4)
+    one.prune_min_postings = four.prune_min_postings = prune
+    for terms in _queries(words, n=150, seed=6):
+        for k in (10, 100):
+            assert _ranked(one, terms, k) == _ranked(four, terms, k)
+
+
+def test_bounds_computed_when_the_index_predates_them():
+    docs, ids, words = _corpus(seed=7, n=300)
+    old, new = _index(docs, ids, 2, bounds_on_disk=False), _index(docs, ids, 2, bounds_on_disk=True)
+    for a, b in zip(old.index.shards, new.index.shards):
+        np.testing.assert_array_equal(a.bounds()[0], b.bounds()[0])
+        np.testing.assert_array_equal(a.bounds()[1], b.bounds()[1])
+    old.prune_min_postings = 0
+    for terms in _queries(words, n=50, seed=8):
+        assert _ranked(old, terms, 10) == _ranked(new, terms, 10)
+
+
+def test_term_bounds_are_the_per_term_extremes():
+    docs, _, _ = _corpus(seed=9, n=200)
+    p = build_postings(docs)
+    max_tf, min_dl = term_bounds(p.indptr, p.docs, p.tfs, p.doclen)
+    for t in range(len(p.terms)):
+        s, e = p.indptr[t], p.indptr[t + 1]
+        assert max_tf[t] == p.tfs[s:e].max() and min_dl[t] == p.doclen[p.docs[s:e]].min()
+    if kernels.HAVE_NUMBA:
+        a, b = kernels.term_bounds(p.indptr, p.docs, p.tfs, p.doclen)
+        np.testing.assert_array_equal(a, max_tf)
+        np.testing.assert_array_equal(b, min_dl)
+
+
+@needs_numba
+def test_negative_weights_score_exhaustively_like_the_reference():
+    docs, ids, words = _corpus(seed=10, n=300)
+    r = _index(docs, ids, 2)
+    r.prune_min_postings = 0  # must be ignored: bounds assume positive weights
+    rng = np.random.default_rng(11)
+    for terms in _queries(words, n=80, seed=12):
+        terms = {t: w * (-1 if rng.random() < 0.3 else 1) for t, w in terms.items()}
+        fast = _ranked(r, terms, 20)
+        for s in r.index.shards:
+            s.use_kernel = False
+        assert fast == _ranked(r, terms, 20)
+        for s in r.index.shards:
+            s.use_kernel = True
