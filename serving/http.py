@@ -1,16 +1,25 @@
 """HTTP front end (FastAPI): the same ``search()`` the CLI and MCP call, as JSON.
 
-    funnel serve INDEX_ROOT [--host 127.0.0.1] [--port 8765] [--token TOKEN]
+    funnel serve INDEX_ROOT [--host 127.0.0.1] [--port 8765] [--token TOKEN] [--insecure]
+                            [--max-body-bytes 1048576]
 
     POST /search            {"query": "...", "mode": "bm25", "k": 10, "options": {}}
                             -> SearchResult.to_dict(): {query, mode, summary, hits, trace}
     GET  /documents/{id}    -> {doc_id, title, text, content_hash, shard, local_id}
-    POST /term_stats        {"terms": ["..."]} -> {"version": ..., "stats": [{term, analyzed, df, cf, idf, ...}]}
+    POST /term_stats        {"terms": ["..."]} -> {"version", "n_docs", "stats": [{term, forms, note}]}
+                               (each term once; forms: [{analyzed, df, cf, idf}], one per distinct
+                               analysed token; none for a stopword, and ``note`` says so)
     GET  /health            -> {status, version, n_docs, modes, refresh_error}
                                (modes: only those this index version can answer)
 
 Every error body is ``{"error": "<what was wrong and what to do>"}``; see ``ERROR_STATUS``.
-With a token, every endpoint but ``/health`` needs ``Authorization: Bearer TOKEN``.
+Every input is bounded before any work (see "Limits" below): the body size before the
+token check and before it is read (:class:`RequestGuard`), then the fields (term count and
+length, options, k); what is over a limit, or is not text (a lone surrogate), is a 4xx
+naming the limit, never a 500.
+With a token, every path but ``/health`` needs ``Authorization: Bearer TOKEN``, ``/docs``
+and ``/openapi.json`` included. Beyond loopback, :func:`serve` refuses to start without
+a token unless told ``insecure=True`` (``--insecure``).
 The searcher is read-only, so requests run concurrently in the threadpool (``def``
 endpoints); at most once a second a request first checks whether CURRENT moved and, if so,
 swaps in the newly published version (no restart needed).
@@ -18,18 +27,22 @@ swaps in the newly published version (no restart needed).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
 import threading
 import time
-from typing import Any, Callable
+from collections import deque
+from typing import Annotated, Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from funnel.pipelines.artifacts import IndexFormatError
 
@@ -37,8 +50,26 @@ from .search import MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchErr
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-MAX_TERMS = 1000
+# -- Limits ----------------------------------------------------------------------------------
+# Bounds against abuse, not relevance limits; each is named in the error that enforces it.
+#: Request body, in bytes (``--max-body-bytes``): a 100,000-character query is ~100 kB of JSON.
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: ``/term_stats``: terms per request and characters per term. A term is a word or two to
+#: look up; 256 characters analyse to at most ~128 tokens.
+MAX_TERMS = 100
+MAX_TERM_CHARS = 256
+#: ``/search`` options: keys per request, characters per key and per string value, values
+#: (list and object elements, nested ones included) per option, nesting depth, integer size.
+#: The richest real option, ``blend_tiers``, is a handful of [rank, weight] pairs.
+MAX_OPTIONS = 32
+MAX_OPTION_KEY_CHARS = 64
+MAX_OPTION_STR_CHARS = 256
+MAX_OPTION_ITEMS = 32
+MAX_OPTION_DEPTH = 2
+MAX_OPTION_INT = 10**9
+MAX_MODE_CHARS = 64
+#: Validation errors listed in one message; the rest are counted.
+MAX_LISTED_ERRORS = 5
 
 # Exception class -> HTTP status. Looked up along the exception's MRO, so the most
 # specific class wins (IndexFormatError and SearchError are both ValueErrors).
@@ -52,16 +83,116 @@ ERROR_STATUS: dict[type[Exception], int] = {
 _RESERVED_OPTIONS = frozenset({"query", "mode", "k"})
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address) is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None, insecure: bool, what: str, flag: str = "--token") -> None:
+    """Refuse to listen beyond loopback without a token, unless ``insecure`` (then warn, loudly).
+
+    Raises
+    ------
+    ValueError
+        ``host`` is not loopback, there is no token and ``insecure`` is false.
+    """
+    if token or is_loopback(host):
+        return
+    if not insecure:
+        raise ValueError(
+            f"refusing to serve {what} on {host} without a token: anyone who can reach this host "
+            f"could use it. Pass {flag} TOKEN (or set FUNNEL_TOKEN), listen on 127.0.0.1, or pass "
+            "--insecure to run without authentication anyway")
+    log.warning("INSECURE: %s listens on %s with no authentication (--insecure): anyone who can "
+                "reach this host can use it. Pass %s TOKEN (or set FUNNEL_TOKEN) to require one.",
+                what, host, flag)
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` is not text we can answer with (a lone surrogate), or None if it is.
+
+    JSON may carry ``"\\ud800"``, which decodes to a string that cannot be encoded as UTF-8:
+    it would fail deep in analysis or in writing the response, as a 500.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"contains a lone surrogate ({value[e.start]!a} at character {e.start}), which is not "
+                "text: send valid Unicode (a surrogate only as half of a pair)")
+    return None
+
+
+def _text(value: Any) -> Any:
+    # Before pydantic's own str check, whose message ("unable to parse raw data") says less.
+    if isinstance(value, str) and (why := text_problem(value)) is not None:
+        raise ValueError(why)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+Term = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_TERM_CHARS)]
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Bound the ``options`` of a search (see "Limits"); raise ValueError naming the limit."""
+    if len(options) > MAX_OPTIONS:
+        raise ValueError(f"{len(options)} options; at most {MAX_OPTIONS}")
+    for key, value in options.items():
+        if len(key) > MAX_OPTION_KEY_CHARS:
+            raise ValueError(f"an option name has {len(key)} characters; at most {MAX_OPTION_KEY_CHARS}")
+        if (why := text_problem(key)) is not None:
+            raise ValueError(f"an option name {why}")
+        items = 0
+        todo = [(value, 0)]
+        while todo:
+            x, depth = todo.pop()
+            if isinstance(x, str):
+                if len(x) > MAX_OPTION_STR_CHARS:
+                    raise ValueError(f"option {key!r}: a string of {len(x)} characters; at most "
+                                     f"{MAX_OPTION_STR_CHARS}")
+                if (why := text_problem(x)) is not None:
+                    raise ValueError(f"option {key!r} {why}")
+            elif isinstance(x, bool) or x is None or isinstance(x, float):
+                pass
+            elif isinstance(x, int):
+                if abs(x) > MAX_OPTION_INT:
+                    raise ValueError(f"option {key!r}: integers are at most {MAX_OPTION_INT:,} "
+                                     "in absolute value")
+            elif isinstance(x, (list, dict)):
+                if depth >= MAX_OPTION_DEPTH:
+                    raise ValueError(f"option {key!r}: nested deeper than {MAX_OPTION_DEPTH} levels")
+                items += len(x)
+                if items > MAX_OPTION_ITEMS:
+                    raise ValueError(f"option {key!r}: more than {MAX_OPTION_ITEMS} values")
+                if isinstance(x, dict):
+                    for k in x:
+                        todo.append((k, depth + 1))
+                    x = list(x.values())
+                todo.extend((y, depth + 1) for y in x)
+            else:
+                raise ValueError(f"option {key!r}: {type(x).__name__} is not an option value")
+    bad = sorted(_RESERVED_OPTIONS.intersection(options))
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: set at the top level of the body, not in options")
+    return options
+
+
 class SearchRequest(BaseModel):
     """Body of ``POST /search``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the text to search for")
-    mode: str = Field("bm25", description="retrieval mode, e.g. bm25, dense, hybrid")
+    query: Text = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the text to search for")
+    mode: Text = Field("bm25", max_length=MAX_MODE_CHARS, description="retrieval mode, e.g. bm25, dense, hybrid")
     k: StrictInt = Field(10, ge=1, le=MAX_K, description="number of hits to return")
     options: dict[str, Any] = Field(default_factory=dict,
-                                    description="mode parameters, e.g. {\"k1\": 0.9, \"b\": 0.4}")
+                                    description="mode parameters, e.g. {\"k1\": 0.9, \"b\": 0.4}; at most "
+                                                f"{MAX_OPTIONS}, each a number, a short string or a short list")
 
     @field_validator("query")
     @classmethod
@@ -72,11 +203,8 @@ class SearchRequest(BaseModel):
 
     @field_validator("options")
     @classmethod
-    def _no_reserved(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = sorted(_RESERVED_OPTIONS.intersection(v))
-        if bad:
-            raise ValueError(f"{', '.join(bad)}: set at the top level of the body, not in options")
-        return v
+    def _bounded(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_options(v)
 
 
 class TermStatsRequest(BaseModel):
@@ -84,7 +212,31 @@ class TermStatsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    terms: list[str] = Field(min_length=1, max_length=MAX_TERMS, description="words to look up")
+    terms: list[Term] = Field(min_length=1, max_length=MAX_TERMS,
+                              description=f"words to look up: at most {MAX_TERMS}, of at most "
+                                          f"{MAX_TERM_CHARS} characters each")
+
+
+def term_stats(searcher: Searcher, terms: list[str]) -> dict[str, Any]:
+    """``/term_stats`` (and the MCP tool): each term once, with its distinct analysed forms.
+
+    ``Searcher.term_stats`` gives one row per analysed token, each repeating the raw term;
+    here the rows are grouped back under their term, so the answer grows with the number of
+    distinct tokens, not with tokens times term length. Callers bound ``terms`` first
+    (:data:`MAX_TERMS`, :data:`MAX_TERM_CHARS`).
+    """
+    stats = []
+    for raw in terms:
+        forms: dict[str, dict[str, Any]] = {}
+        note = None
+        for row in searcher.term_stats([raw]):
+            if row["analyzed"] is None:
+                note = row.get("note")
+            elif row["analyzed"] not in forms:
+                forms[row["analyzed"]] = {"analyzed": row["analyzed"], "df": row["df"], "cf": row["cf"],
+                                          "idf": row["idf"]}
+        stats.append({"term": raw, "forms": list(forms.values()), "note": note})
+    return {"version": searcher.version, "n_docs": searcher.index.n_docs, "stats": stats}
 
 
 class RefreshThrottle:
@@ -146,12 +298,15 @@ def servable_modes(searcher: Searcher) -> list[str]:
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    # A message quoting the caller's text must still encode; anything not text is escaped.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_LISTED_ERRORS]:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
         field = ".".join(loc) or "body"
         msg = err.get("msg", "invalid value").removeprefix("Value error, ")
@@ -160,6 +315,8 @@ def _validation_message(exc: RequestValidationError) -> str:
         elif err.get("type") == "extra_forbidden":
             msg = "unknown field"
         parts.append(f"{field}: {msg}")
+    if len(errors) > MAX_LISTED_ERRORS:
+        parts.append(f"and {len(errors) - MAX_LISTED_ERRORS} more")
     return "invalid request: " + "; ".join(parts)
 
 
@@ -179,26 +336,85 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: still JSON; the traceback goes to the server's log.
+        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
+
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
 
 
-def _bearer_check(token: str | None) -> Callable[[Request], None]:
-    expected = f"Bearer {token}".encode() if token else None
+class RequestGuard:
+    """ASGI middleware: what a request must pass before the app sees it, cheapest check first.
 
-    def check(request: Request) -> None:
-        if expected is None:
+    1. A declared ``Content-Length`` over ``max_body_bytes``: 413, before anything is read
+       and before the token check.
+    2. With a ``token``, a missing or wrong ``Authorization: Bearer TOKEN`` on any path but
+       ``open_paths``: 401, before the body is read.
+    3. The body, counted as it streams in (a chunked body declares no length): past
+       ``max_body_bytes``, 413. What was read (at most ``max_body_bytes``) is replayed to
+       the app, which never sees an oversized body.
+
+    Answers are ``{"error": ...}`` JSON; a 413 closes the connection (the rest of the body
+    is never read). Wraps any ASGI app: the HTTP API and the MCP server's.
+    """
+
+    def __init__(self, app: ASGIApp, *, token: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, open_paths: frozenset[str] = frozenset()):
+        if max_body_bytes < 0:
+            raise ValueError(f"max_body_bytes must be 0 or more, got {max_body_bytes}")
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.open_paths = open_paths
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    def _too_large(self, what: str) -> JSONResponse:
+        return _error(413, f"request body too large: {what}; the limit is {self.max_body_bytes:,} bytes "
+                           "(funnel serve / funnel mcp --max-body-bytes)", headers={"Connection": "close"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
             return
-        got = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(got, expected):
-            raise HTTPException(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
-                                headers={"WWW-Authenticate": "Bearer"})
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                await _error(400, f"Content-Length {declared[:40]!r} is not a number of bytes",
+                             headers={"Connection": "close"})(scope, receive, send)
+                return
+            if int(declared) > self.max_body_bytes:
+                await self._too_large(f"Content-Length is {int(declared)}")(scope, receive, send)
+                return
+        if self._expected is not None and scope["path"] not in self.open_paths:
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not secrets.compare_digest(got, self._expected):
+                await _error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
+                             headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
 
-    return check
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away mid-body: nobody to answer
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                await self._too_large(f"more than {self.max_body_bytes:,} bytes arrived")(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        pending: deque[Message] = deque([{"type": "http.request", "body": bytes(body), "more_body": False}])
+
+        async def replay() -> Message:
+            return pending.popleft() if pending else await receive()
+
+        await self.app(scope, replay, send)
 
 
 def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None = None,
-               refresh_interval: float = 1.0) -> FastAPI:
+               refresh_interval: float = 1.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """Build the FastAPI app over a searcher (or an index root, opened here).
 
     Parameters
@@ -206,9 +422,12 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     searcher_or_root
         An open :class:`~funnel.serving.search.Searcher`, or an index root path.
     token
-        If set, every endpoint but ``/health`` requires ``Authorization: Bearer TOKEN``.
+        If set, every path but ``/health`` (``/docs`` and ``/openapi.json`` included)
+        requires ``Authorization: Bearer TOKEN``.
     refresh_interval
         Seconds between checks for a newly published index version.
+    max_body_bytes
+        Largest request body accepted; a larger one is a 413 before it is read.
 
     Returns
     -------
@@ -221,12 +440,12 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     app = FastAPI(title="funnel", summary="Retrieval for agents: a summary, hits and a trace per query.")
     app.state.searcher = searcher
     _install_error_handlers(app)
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=max_body_bytes,
+                       open_paths=frozenset({"/health"}))
 
     def refreshed() -> Searcher:
         throttle()
         return searcher
-
-    auth = [Depends(_bearer_check(token))]
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -236,7 +455,7 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
                 "modes": servable_modes(s), "refresh_error": st["reason"], "current": st["current"],
                 "degraded_since": st["since"]}
 
-    @app.post("/search", dependencies=auth)
+    @app.post("/search")
     def search(req: SearchRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
         try:
             res = s.search(req.query, mode=req.mode, k=req.k, **req.options)
@@ -246,24 +465,27 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
             if not req.options or isinstance(e, IndexFormatError):
                 raise
             # A bad option value (k1="high") surfaces as a conversion error deep in the mode.
-            raise SearchError(f"invalid options {req.options!r} for mode {req.mode!r}: {e}") from e
+            shown = repr(req.options)
+            shown = shown if len(shown) <= 300 else shown[:299] + "…"
+            raise SearchError(f"invalid options {shown} for mode {req.mode!r}: {e}") from e
         return res.to_dict()
 
-    @app.get("/documents/{doc_id:path}", dependencies=auth)
+    @app.get("/documents/{doc_id:path}")
     def get_document(doc_id: str, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
         doc = s.get_document(doc_id)
         if doc is None:
             raise HTTPException(404, f"no document with doc_id {doc_id!r} in index version {s.version}")
         return doc
 
-    @app.post("/term_stats", dependencies=auth)
-    def term_stats(req: TermStatsRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        return {"version": s.version, "stats": s.term_stats(req.terms)}
+    @app.post("/term_stats")
+    def term_stats_(req: TermStatsRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
+        return term_stats(s, req.terms)
 
     return app
 
 
-def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None) -> int:
+def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
+          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
     Once listening, logs (INFO) the URL, the index and version, the modes it answers and
@@ -275,25 +497,33 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         Index root (the folder holding CURRENT) or one version directory.
     host, port
         Where to listen; 127.0.0.1 by default; port 0 picks a free port (the log says which).
-        Another host without a token logs a warning.
+        A host other than loopback needs a token (or ``insecure``).
     token
-        Optional bearer token required on every endpoint but ``/health``; an empty string
-        is refused (it would otherwise silently mean "no authentication").
+        Bearer token required on every path but ``/health``; an empty string is refused (it
+        would otherwise silently mean "no authentication").
+    insecure
+        Listen beyond loopback without a token anyway; logs a loud warning.
+    max_body_bytes
+        Largest request body accepted (413 beyond it, before the token check).
 
     Returns
     -------
     int
         Exit code: 0 after a clean shutdown; uvicorn's non-zero code (3) if it could not start,
         e.g. when the port is in use.
+
+    Raises
+    ------
+    ValueError
+        An empty token, or no token beyond loopback without ``insecure``; before the index
+        is opened.
     """
     import uvicorn
 
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
-    if host not in LOOPBACK and not token:
-        log.warning("serving %s on %s:%d without a token: anyone who can reach this host can query "
-                    "the index; pass --token (or set FUNNEL_TOKEN)", index_root, host, port)
-    app = create_app(index_root, token=token)
+    check_exposure(host, token, insecure, f"the HTTP API for {index_root}")
+    app = create_app(index_root, token=token, max_body_bytes=max_body_bytes)
     searcher = app.state.searcher
 
     class Server(uvicorn.Server):

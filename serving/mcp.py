@@ -2,6 +2,8 @@
 
     funnel mcp INDEX_ROOT                                    (stdio, for a local agent)
     funnel mcp INDEX_ROOT --transport streamable-http --port 8766   (http://127.0.0.1:8766/mcp)
+    funnel mcp INDEX_ROOT --transport streamable-http --host 0.0.0.0 --token TOKEN
+               [--allow-host search.example.org]   (beyond loopback: a token, or --insecure)
 
 Tools (all read-only):
 
@@ -10,24 +12,45 @@ Tools (all read-only):
 - ``get_document(doc_id)``: text is the title and full text; structured content the
   stored document (doc_id, title, text, content_hash, shard, local_id).
 - ``term_stats(terms)``: document frequency and idf per analyzed term, never passages;
-  structured content ``{"version": ..., "stats": [...]}``.
+  structured content as ``POST /term_stats``: ``{"version", "n_docs", "stats": [{term,
+  forms, note}]}``, each term once.
 
-Bad input (unknown mode, blank query, unknown document) comes back as a tool error
-(``is_error``) whose text says what was wrong and what to do.
+Bad input (unknown mode, blank query, unknown document, a term over the limits, text with
+a lone surrogate) comes back as a tool error (``is_error``) whose text says what was wrong
+and what to do.
+
+Over streamable HTTP, the same :class:`~funnel.serving.http.RequestGuard` as the HTTP API
+sits in front of the MCP app: a body over ``--max-body-bytes`` is a 413 before anything
+else, then with a token (``--token`` / ``$FUNNEL_TOKEN``) a request without
+``Authorization: Bearer TOKEN`` is a 401 before its body is read. Beyond loopback the
+server refuses to start without a token unless ``--insecure``.
+
+DNS rebinding: the MCP library checks the Host header only when it listens on loopback;
+on any other address it would accept every Host. Here the check is always on, against
+:func:`allowed_hosts`: the loopback names, the address listened on or, for a wildcard
+address (0.0.0.0, ::), this machine's host name, its fully qualified name and their
+addresses, plus every ``--allow-host`` (the name clients use, e.g. behind a proxy). A
+request naming any other host is a 421. The token alone would stop a rebinding page
+(a browser cannot add the header), but the check also protects ``--insecure`` servers.
 """
 
+import ipaddress
 import logging
-from typing import Annotated, Any
+import socket
+from typing import Annotated, Any, Iterable
 
 from pydantic import Field
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .http import LOOPBACK, MAX_TERMS, RefreshThrottle, servable_modes
+from .http import (DEFAULT_MAX_BODY_BYTES, MAX_MODE_CHARS, MAX_TERM_CHARS, MAX_TERMS, RefreshThrottle,
+                   RequestGuard, Term, Text, check_exposure, servable_modes,
+                   term_stats as term_stats_of)
 from .result import SearchResult
 from .search import MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
 
@@ -74,9 +97,10 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
 
     @server.tool(annotations=_READ_ONLY)
     def search(
-        query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
-                                    description="what to look for, in words")],
-        mode: Annotated[str, Field(description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
+        query: Annotated[Text, Field(min_length=1, max_length=MAX_QUERY_CHARS,
+                                     description="what to look for, in words")],
+        mode: Annotated[Text, Field(max_length=MAX_MODE_CHARS,
+                                    description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
         k: Annotated[int, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the collection; returns a ranked list with why each document matched.
@@ -89,7 +113,7 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
 
     @server.tool(annotations=_READ_ONLY)
     def get_document(
-        doc_id: Annotated[str, Field(min_length=1, description="a doc_id from a search hit")],
+        doc_id: Annotated[Text, Field(min_length=1, description="a doc_id from a search hit")],
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         """Fetch one document's title and full text by its doc_id."""
         doc = guarded(searcher.get_document, doc_id)
@@ -101,24 +125,60 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
 
     @server.tool(annotations=_READ_ONLY)
     def term_stats(
-        terms: Annotated[list[str], Field(min_length=1, max_length=MAX_TERMS,
-                                          description="words to look up")],
+        terms: Annotated[list[Term], Field(min_length=1, max_length=MAX_TERMS,
+                                           description=f"words to look up: at most {MAX_TERMS}, of at "
+                                                       f"most {MAX_TERM_CHARS} characters each")],
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         """How many documents contain each word (df) and its idf; no passages."""
-        stats = guarded(searcher.term_stats, terms)
+        stats = guarded(term_stats_of, searcher, terms)
         lines = []
-        for s in stats:
-            if s["analyzed"] is None:
-                lines.append(f"{s['term']}: not searchable ({s.get('note', 'stopword')})")
-            else:
-                lines.append(f"{s['term']} -> {s['analyzed']}: df {s['df']} of {s['n_docs']} documents, "
-                             f"idf {s['idf']:.3f}")
-        return _text_result("\n".join(lines), {"version": searcher.version, "stats": stats})
+        for s in stats["stats"]:
+            if not s["forms"]:
+                lines.append(f"{s['term']}: not searchable ({s['note'] or 'stopword'})")
+                continue
+            forms = "; ".join(f"{f['analyzed']}: df {f['df']}, idf {f['idf']:.3f}" for f in s["forms"])
+            lines.append(f"{s['term']} -> {forms} (of {stats['n_docs']} documents)")
+        return _text_result("\n".join(lines), stats)
 
     return server
 
 
-def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766) -> int:
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> list[str]:
+    """Host header values the streamable HTTP server accepts (DNS-rebinding protection).
+
+    The loopback names always; ``host`` itself when it names one address; for a wildcard
+    (``0.0.0.0``, ``::``) this machine's host name, fully qualified name and their addresses;
+    and ``extra`` (``--allow-host``). Each with any port (``name:*``) and without one.
+    """
+    names = {"127.0.0.1", "localhost", "::1"}
+    if host in ("0.0.0.0", "::", ""):
+        hostname = socket.gethostname()
+        names |= {hostname, socket.getfqdn()}
+        try:
+            names |= {str(info[4][0]) for info in socket.getaddrinfo(hostname, None)}
+        except OSError:  # a host name that does not resolve: names only
+            pass
+    else:
+        names.add(host)
+    names |= {e.strip() for e in extra if e.strip()}
+    out = []
+    for name in sorted(n.lower() for n in names):
+        if _is_ipv6(name):  # bracketed, as in a Host header
+            name = f"[{name}]"
+        out += [name, f"{name}:*"]
+    return out
+
+
+def _is_ipv6(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).version == 6
+    except ValueError:
+        return False
+
+
+def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,
+            token: str | None = None, insecure: bool = False, allow_hosts: Iterable[str] = (),
+            max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
     """Serve ``index_root`` as an MCP server until the client disconnects or interrupted.
 
     Parameters
@@ -129,26 +189,59 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         ``stdio`` (the client spawns this process) or ``streamable-http``
         (``http://HOST:PORT/mcp``).
     host, port
-        Where the streamable HTTP transport listens; 127.0.0.1 by default.
+        Where the streamable HTTP transport listens; 127.0.0.1 by default. A host other than
+        loopback needs a token (or ``insecure``).
+    token
+        streamable-http only: bearer token every request must carry; an empty one is refused.
+    insecure
+        Listen beyond loopback without a token anyway; logs a loud warning.
+    allow_hosts
+        Host header values accepted besides :func:`allowed_hosts`' defaults.
+    max_body_bytes
+        Largest request body accepted (413 beyond it, before the token check).
 
     Returns
     -------
     int
         Exit code: 0 after a clean shutdown; uvicorn's non-zero code (3) if the HTTP server
         could not start, e.g. when the port is in use.
+
+    Raises
+    ------
+    ValueError
+        An unknown transport, a token with stdio, an empty token, or no token beyond
+        loopback without ``insecure``; before the index is opened.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
-    server = build_mcp_server(open_index(index_root))
     if transport == "stdio":
-        server.run("stdio")
+        if token is not None:
+            raise ValueError("a token protects the streamable-http transport; over stdio the client "
+                             "starts this process itself: leave --token out, or add "
+                             "--transport streamable-http")
+        build_mcp_server(open_index(index_root)).run("stdio")
         return 0
-    if host not in LOOPBACK:
-        log.warning("MCP over HTTP on %s:%d has no authentication: anyone who can reach this host "
-                    "can query %s", host, port, index_root)
-    log.info("MCP server for %s on http://%s:%d/mcp", index_root, host, port)
+
+    import uvicorn
+
+    if token is not None and not token.strip():
+        raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
+    check_exposure(host, token, insecure, f"MCP for {index_root}")
+    hosts = allowed_hosts(host, allow_hosts)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
+    server = build_mcp_server(open_index(index_root))
+    app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
+                                                  max_request_body_size=max_body_bytes),
+                       token=token, max_body_bytes=max_body_bytes)
+    shown = f"[{host}]" if ":" in host else host
+    log.info("MCP server for %s on http://%s:%d/mcp; token %s; Host headers accepted: %s", index_root, shown,
+             port, "required (Authorization: Bearer ...)" if token else "not required",
+             ", ".join(h for h in hosts if not h.endswith(":*")))
+    http_server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
-        server.run("streamable-http", host=host, port=port)
+        http_server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use
         return int(e.code or 1)
-    return 0
+    return 0 if http_server.started else 1

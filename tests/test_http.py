@@ -146,13 +146,37 @@ def test_term_stats(client, searcher):
     assert r.status_code == 200
     body = r.json()
     assert body["version"] == searcher.version
+    assert body["n_docs"] == searcher.index.n_docs
+    assert [s["term"] for s in body["stats"]] == ["parse", "the", "zzzqqq"]  # each term once, in order
     by_term = {s["term"]: s for s in body["stats"]}
-    assert by_term["parse"]["analyzed"] == "pars" and by_term["parse"]["df"] > 0
-    assert 0 < by_term["parse"]["df"] <= searcher.index.n_docs and by_term["parse"]["idf"] > 0
-    assert by_term["the"]["analyzed"] is None  # a stopword
-    assert by_term["zzzqqq"]["df"] == 0
-    assert all("text" not in s and "snippet" not in s for s in body["stats"])  # never passages
+    [parse] = by_term["parse"]["forms"]
+    assert parse["analyzed"] == "pars" and 0 < parse["df"] <= searcher.index.n_docs and parse["idf"] > 0
+    assert parse["cf"] >= parse["df"] and by_term["parse"]["note"] is None
+    assert by_term["the"]["forms"] == [] and "stopword" in by_term["the"]["note"]
+    assert [f["df"] for f in by_term["zzzqqq"]["forms"]] == [0]
+    assert "text" not in r.text and "snippet" not in r.text  # never passages
     assert client.post("/term_stats", json={"terms": []}).status_code == 422
+
+
+def test_term_stats_groups_a_terms_forms_under_it(client, searcher):
+    # One term analysing to several tokens (one of them twice) comes back once, each
+    # distinct form once, with the figures the Python API gives for that token.
+    r = client.post("/term_stats", json={"terms": ["parsing arguments parse"]})
+    assert r.status_code == 200, r.text
+    [row] = r.json()["stats"]
+    assert row["term"] == "parsing arguments parse"
+    by_token = {t["analyzed"]: t for t in searcher.term_stats(["parsing arguments parse"])}
+    assert [f["analyzed"] for f in row["forms"]] == list(by_token)
+    assert len(by_token) < len(searcher.term_stats(["parsing arguments parse"]))  # "pars" twice
+    for f in row["forms"]:
+        assert {k: f[k] for k in ("df", "cf", "idf")} == {k: by_token[f["analyzed"]][k] for k in ("df", "cf", "idf")}
+
+
+def test_body_limit_is_configurable(searcher):
+    with TestClient(create_app(searcher, max_body_bytes=2048)) as c:
+        assert c.post("/search", json={"query": "parse " * 300}).status_code == 200
+        r = c.post("/search", json={"query": "parse " * 400})
+        assert r.status_code == 413 and "2,048 bytes" in r.json()["error"]
 
 
 def test_health_lists_only_the_modes_this_index_serves(client, searcher):
@@ -178,9 +202,12 @@ def test_token_auth(searcher):
             assert r.headers["www-authenticate"] == "Bearer"
         assert c.get("/documents/argparse").status_code == 401
         assert c.post("/term_stats", json={"terms": ["x"]}).status_code == 401
+        for path in ("/docs", "/openapi.json", "/redoc", "/no/such/path"):
+            assert c.get(path).status_code == 401, path
         ok = {"Authorization": f"Bearer {TOKEN}"}
         assert c.post("/search", json={"query": QUERY}, headers=ok).status_code == 200
         assert c.get("/documents/argparse", headers=ok).status_code == 200
+        assert c.get("/openapi.json", headers=ok).json()["info"]["title"] == "funnel"
         assert c.get("/health").status_code == 200  # open, for load balancers
 
 

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 
+from funnel.serving.http import MAX_TERM_CHARS, MAX_TERMS, term_stats
 from funnel.serving.mcp import build_mcp_server
 from funnel.serving.search import open_index
 
@@ -94,9 +95,11 @@ def test_stdio_get_document_and_term_stats(demo_index_1, searcher):
     assert doc.content[0].text.startswith("[argparse] ") and expected["text"] in doc.content[0].text
 
     assert not stats.is_error
+    # The same answer as POST /term_stats: each term once, with its analysed forms.
+    assert stats.structured_content == term_stats(searcher, ["parse", "the"])
     rows = stats.structured_content["stats"]
-    assert rows == searcher.term_stats(["parse", "the"])
-    assert rows[0]["analyzed"] == "pars" and rows[0]["df"] > 0 and rows[1]["analyzed"] is None
+    assert [r["term"] for r in rows] == ["parse", "the"]
+    assert rows[0]["forms"][0]["analyzed"] == "pars" and rows[0]["forms"][0]["df"] > 0 and rows[1]["forms"] == []
     assert "df" in stats.content[0].text and "not searchable" in stats.content[0].text
 
 
@@ -136,3 +139,34 @@ def test_unavailable_mode_says_why(searcher):
 def test_term_stats_needs_terms(searcher):
     res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("term_stats", {"terms": []}))
     assert res.is_error and "terms" in res.content[0].text
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"terms": [f"w{i}" for i in range(MAX_TERMS + 1)]}, f"at most {MAX_TERMS}"),
+    ({"terms": ["ok", "x" * (MAX_TERM_CHARS + 1)]}, f"at most {MAX_TERM_CHARS}"),
+    ({"terms": ["ok", "a\ud800"]}, "lone surrogate"),
+])
+def test_term_stats_is_bounded(searcher, args, says):
+    res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("term_stats", args))
+    assert res.is_error and "terms" in res.content[0].text and says in res.content[0].text
+
+
+@pytest.mark.parametrize("args", [{"query": "x\ud800"}, {"query": QUERY, "mode": "\udc00"}])
+def test_search_refuses_lone_surrogates(searcher, args):
+    res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("search", args))
+    assert res.is_error and "lone surrogate" in res.content[0].text
+
+
+def test_term_stats_names_each_term_once(searcher):
+    terms = [" ".join(f"t{i}w{j}" for j in range(40))[:MAX_TERM_CHARS] for i in range(MAX_TERMS)]
+    res = with_client(build_mcp_server(searcher), lambda c: c.call_tool("term_stats", {"terms": terms}))
+    assert not res.is_error
+    assert [r["term"] for r in res.structured_content["stats"]] == terms
+    assert all(res.content[0].text.count(t) == 1 for t in terms)
+
+
+def test_a_token_over_stdio_is_refused(demo_index_1):
+    import subprocess
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "mcp", demo_index_1, "--token", "T"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "streamable-http" in p.stderr
