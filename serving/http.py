@@ -485,7 +485,7 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
 
 
 def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
+          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
     Once listening, logs (INFO) the URL, the index and version, the modes it answers and
@@ -505,6 +505,8 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         Listen beyond loopback without a token anyway; logs a loud warning.
     max_body_bytes
         Largest request body accepted (413 beyond it, before the token check).
+    chat
+        A ``ChatProvider`` for SIRA's llm proposer and hybrid expansions (optional).
 
     Returns
     -------
@@ -523,7 +525,8 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
     check_exposure(host, token, insecure, f"the HTTP API for {index_root}")
-    app = create_app(index_root, token=token, max_body_bytes=max_body_bytes)
+    app = create_app(open_index(index_root, chat=chat) if chat is not None else index_root,
+                     token=token, max_body_bytes=max_body_bytes)
     searcher = app.state.searcher
 
     class Server(uvicorn.Server):

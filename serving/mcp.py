@@ -49,7 +49,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from funnel.pipelines.artifacts import IndexFormatError
 
 from .http import (DEFAULT_MAX_BODY_BYTES, MAX_MODE_CHARS, MAX_TERM_CHARS, MAX_TERMS, RefreshThrottle,
-                   RequestGuard, Term, Text, check_exposure, servable_modes,
+                   RequestGuard, Term, Text, check_exposure, check_options, servable_modes,
                    term_stats as term_stats_of)
 from .result import SearchResult
 from .search import MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
@@ -102,13 +102,20 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
         mode: Annotated[Text, Field(max_length=MAX_MODE_CHARS,
                                     description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
         k: Annotated[int, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
+        options: Annotated[dict[str, Any] | None, Field(
+            description="per-query options of the mode, as in the HTTP API: e.g. k1, b (bm25); "
+                        "fusion, alpha (hybrid); proposer, lambda, tau, fb_docs, fb_terms (sira)")] = None,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the collection; returns a ranked list with why each document matched.
 
         The text is a short summary to read; the structured content has every hit
         (doc_id, title, snippet, score, matched_terms) and a trace of the scoring.
         """
-        res = guarded(searcher.search, query, mode=mode, k=k)
+        try:
+            opts = check_options(dict(options or {}))
+        except ValueError as e:
+            raise ToolError(str(e)) from e
+        res = guarded(searcher.search, query, mode=mode, k=k, **opts)
         return _text_result(res.summary, res.to_dict())
 
     @server.tool(annotations=_READ_ONLY)
@@ -178,7 +185,7 @@ def _is_ipv6(name: str) -> bool:
 
 def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,
             token: str | None = None, insecure: bool = False, allow_hosts: Iterable[str] = (),
-            max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
+            max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None) -> int:
     """Serve ``index_root`` as an MCP server until the client disconnects or interrupted.
 
     Parameters
@@ -199,6 +206,8 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         Host header values accepted besides :func:`allowed_hosts`' defaults.
     max_body_bytes
         Largest request body accepted (413 beyond it, before the token check).
+    chat
+        A ``ChatProvider`` for SIRA's llm proposer and hybrid expansions (optional).
 
     Returns
     -------
@@ -219,7 +228,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
             raise ValueError("a token protects the streamable-http transport; over stdio the client "
                              "starts this process itself: leave --token out, or add "
                              "--transport streamable-http")
-        build_mcp_server(open_index(index_root)).run("stdio")
+        build_mcp_server(open_index(index_root, chat=chat)).run("stdio")
         return 0
 
     import uvicorn
@@ -231,7 +240,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
-    server = build_mcp_server(open_index(index_root))
+    server = build_mcp_server(open_index(index_root, chat=chat))
     app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                   max_request_body_size=max_body_bytes),
                        token=token, max_body_bytes=max_body_bytes)

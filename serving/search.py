@@ -161,9 +161,8 @@ class VersionSearcher:
             raise SearchError(f"unknown option(s) {', '.join(sorted(unknown))} for mode {mode!r}; "
                               f"valid: {', '.join(sorted(self.mode_options(mode)))}")
         if mode == "sira":  # values too, and whether this index can run the proposer, before any query
-            from .sira import SiraConfig, resolve_proposer
-            cfg = SiraConfig.from_options(self.sira_config, dict(options))
-            resolve_proposer(cfg, self.dense_mode.available, self.chat is not None)
+            from .sira import prepare
+            prepare(self, options)
 
     def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
                **options) -> SearchResult:
@@ -242,17 +241,24 @@ class VersionSearcher:
                 out[qid] = finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist())))
             return out
         run_mode = self.modes()[mode]
+        if mode == "sira":
+            from .sira import prepare, sira_arrays
+            sira = prepare(self, options)
         items = list(queries.items())
         for start in range(0, len(items), 256):
             chunk = [(qid, q) for qid, q in ((qid, checked(qid, q)) for qid, q in items[start:start + 256])
                      if q is not None]
             if not chunk:
                 continue
-            if mode in ("dense", "hybrid") or (mode == "sira" and self._sira_needs_dense(options)):
+            if mode in ("dense", "hybrid") or (mode == "sira" and "dense" in sira.sources):
                 from .hybrid import prefill_query_vectors
                 self._need_dense(mode)
                 prefill_query_vectors(self, [q for _, q in chunk])
             for qid, q in chunk:
+                if mode == "sira":  # arrays end to end, as bm25: no trace, no explanations
+                    dn, sc = sira_arrays(self, q, depth, sira)
+                    out[qid] = finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist())))
+                    continue
                 scored = run_mode(q, depth, options)[0]
                 out[qid] = finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored])
         return out
@@ -330,10 +336,6 @@ class VersionSearcher:
     def _run_sira(self, query: str, k: int, options: dict):
         from .sira import run_sira
         return run_sira(self, query, k, options)
-
-    def _sira_needs_dense(self, options: dict) -> bool:
-        from .sira import needs_dense
-        return needs_dense(self, options)
 
     # -- documents and statistics ----------------------------------------------------------
     def get_document(self, doc_id: str) -> dict | None:

@@ -280,3 +280,56 @@ def test_manifest_section_overrides_defaults():
     assert SiraConfig.from_options(cfg, {"lambda": 0.1}).lambda_for("prf") == 0.1
     with pytest.raises(ValueError, match="unknown key\\(s\\) alpha"):
         SiraConfig.from_manifest({"alpha": 1})
+    with pytest.raises(ValueError, match="offline_proposer 'llm'; choose one of prf, dense, union"):
+        SiraConfig.from_manifest({"offline_proposer": "llm"})
+
+
+# -- the dense proposer, on the same corpus built with vectors ---------------------------------
+
+@pytest.fixture(scope="module")
+def dense_ix(ray_session, tmp_path_factory):
+    from funnel.jobs.build_index import build
+    root = str(tmp_path_factory.mktemp("sira-dense-ix"))
+    build(FIXTURE, root, shards=2, dense=True)
+    return open_index(root)
+
+
+def test_dense_proposals_are_idf_weighted_rm3_terms_of_the_dense_top_docs(dense_ix):
+    ix = dense_ix
+    q = "Running works as well as pills for low mood."
+    res = ix.search(q, mode="sira", k=5, proposer="dense", fb_docs=3, fb_terms=100, tau=1.0)
+    tr = res.trace["sira"]
+    assert tr["proposer"] == "dense" and tr["sources"] == ["dense"] and "dense" in res.trace["timings_ms"]
+    terms = dict(ix.bm25.query_terms(q))
+    want = Counter()
+    for h in ix.dense_mode.search(q, 3):
+        d = ix.index.docs.get(h.docno)
+        toks = Counter(ix.index.analyzer.analyze(d["title"] + "\n" + d["text"]))
+        for t, tf in toks.items():
+            if t not in terms and len(t) >= 2:
+                want[t] += max(h.score, 0.0) * tf / sum(toks.values()) * ix.index.idf[ix.index.vocab[t]]
+    top = max(want.values())
+    got = {p["phrase"]: p["weight"] for p in tr["proposals"]}
+    assert got == pytest.approx({t: w / top for t, w in want.items()}, abs=1e-6)
+    # The paraphrase shares no content word with d11 ("aerobic exercise ... depression"); the
+    # dense neighbours' vocabulary brings it in.
+    assert "d11" in [h.doc_id for h in res.hits]
+    assert "d11" not in [h.doc_id for h in ix.search(q, mode="bm25", k=5).hits]
+
+
+def test_with_vectors_auto_is_the_offline_proposer_and_union_adds_dense(dense_ix):
+    tr = dense_ix.search(Q_FRACTURE, mode="sira", k=5).trace["sira"]
+    assert tr["proposer"] == SiraConfig().offline_proposer and tr["lambda"] == SiraConfig().lambda_for(tr["proposer"])
+    union = dense_ix.search(Q_FRACTURE, mode="sira", k=5, proposer="union").trace["sira"]
+    assert union["sources"] == ["prf", "dense"] and {p["source"] for p in union["proposals"]} == {"prf", "dense"}
+    both = [t for t, v in union["expansion_terms"].items() if len(v["sources"]) == 2]
+    for t in both:   # a term both sources propose keeps the larger weight, not the sum
+        ws = [p["weight"] for p in union["proposals"] if p["phrase"] == t]
+        assert union["expansion_terms"][t]["weight"] == max(ws)
+
+
+def test_dense_batch_equals_single_queries(dense_ix):
+    qs = {"5": "Running works as well as pills for low mood.", "7": "Intestinal flora from heavy donors makes lean animals fat."}
+    batch = dense_ix.search_batch(qs, mode="sira", k=5, proposer="dense")
+    for qid, q in qs.items():
+        assert [d for d, _ in batch[qid]] == [h.doc_id for h in dense_ix.search(q, mode="sira", k=5, proposer="dense").hits]

@@ -12,11 +12,11 @@ Corpus enrichment (the build-time side) is not here: it lives with the build pip
 
 from .dffilter import Verdict, df_filter, ngram_key, sub_ngrams
 from .feedback import ForwardIndex, rm3_weights, select_terms
-from .mode import (OPTIONS, PROPOSER_CHOICES, SiraConfig, expansion_terms, needs_dense, resolve_proposer,
-                   run_sira, weighted_query)
+from .mode import (OPTIONS, PROPOSER_CHOICES, Expansion, Prepared, SiraConfig, expand, expansion_terms,
+                   prepare, resolve_proposer, run_sira, sira_arrays, weighted_query)
 from .proposers import PROPOSERS, Proposal, ProposalContext, evidence_sketch, sketch_schema
 
-__all__ = ["OPTIONS", "PROPOSERS", "PROPOSER_CHOICES", "ForwardIndex", "Proposal", "ProposalContext",
-           "SiraConfig", "Verdict", "df_filter", "evidence_sketch", "expansion_terms", "needs_dense",
-           "ngram_key", "resolve_proposer", "rm3_weights", "run_sira", "select_terms", "sketch_schema",
-           "sub_ngrams", "weighted_query"]
+__all__ = ["OPTIONS", "PROPOSERS", "PROPOSER_CHOICES", "Expansion", "ForwardIndex", "Prepared", "Proposal",
+           "ProposalContext", "SiraConfig", "Verdict", "df_filter", "evidence_sketch", "expand",
+           "expansion_terms", "ngram_key", "prepare", "resolve_proposer", "rm3_weights", "run_sira",
+           "select_terms", "sira_arrays", "sketch_schema", "sub_ngrams", "weighted_query"]

@@ -68,13 +68,15 @@ def df_filter(tokens: Sequence[str], query_terms: Collection[str], df_of: Callab
     if not tokens:
         return Verdict(False, "no searchable words (stopwords or punctuation only)", {})
     qset = query_terms if isinstance(query_terms, (set, frozenset, dict)) else set(query_terms)
-    windows = [w for w in sub_ngrams(tokens, max_n) if not all(t in qset for t in w)]
-    if not windows:
+    if len(tokens) == 1:  # the common case (feedback terms): one window
+        keys = [] if tokens[0] in qset else [tokens[0]]
+    else:
+        keys = [ngram_key(w) for w in sub_ngrams(tokens, max_n) if not all(t in qset for t in w)]
+    if not keys:
         return Verdict(False, "adds nothing: every word is already in the query", {})
     ceiling = tau * n_docs
     df = {}
-    for w in windows:
-        key = ngram_key(w)
+    for key in keys:
         if key not in df:
             df[key] = int(df_of(key))
     present = [d for d in df.values() if d >= 1]

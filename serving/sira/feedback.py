@@ -10,9 +10,10 @@ Anserini skips terms with df/N > 0.1 and one-character terms the same way), opti
 multiplied by idf (the ``dense`` proposer's "discriminative" weighting).
 
 The postings are term-major; feedback needs documents' terms, so :class:`ForwardIndex`
-transposes each shard once, lazily, on first use (an ``argsort`` of the shard's postings:
-~25 ms and one extra copy of the postings for SciFact's 5,183 documents). An index that
-must never hold that copy in memory would ship a doc-major array from the build instead.
+transposes the shards once, lazily, on first use (an ``argsort`` of each shard's postings:
+~25 ms for SciFact's 5,183 documents, and one extra in-memory copy of the postings at 8 bytes
+per posting: int32 term id, float32 tf). An index too large for that copy would ship a
+doc-major array from the build instead.
 """
 
 from __future__ import annotations
@@ -21,61 +22,87 @@ import threading
 
 import numpy as np
 
-from ..result import split_docno
-
 
 class ForwardIndex:
-    """Documents' (term id, tf) rows over one index version, built per shard on demand."""
+    """Documents' (term id, tf) rows over one index version, built on first use.
+
+    All shards are transposed into one doc-major CSR whose row of docno ``shard << 32 |
+    local`` is ``offset[shard] + local``, so the rows of many documents are gathered with
+    a few vectorized operations.
+    """
 
     def __init__(self, index):
         self.index = index
-        self._rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._terms: np.ndarray | None = None
-        self._short: np.ndarray | None = None
+        self._built: tuple | None = None
         self._lock = threading.Lock()
 
-    def _shard(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows = self._rows.get(s)
-        if rows is None:
+    def _build(self) -> tuple:
+        if self._built is None:
             with self._lock:
-                rows = self._rows.get(s)
-                if rows is None:
-                    sh = self.index.shards[s]
-                    gid_of_posting = np.repeat(sh.term_gid.astype(np.int64), np.diff(sh.indptr))
-                    order = np.argsort(sh.docs, kind="stable")
-                    ptr = np.searchsorted(sh.docs[order], np.arange(sh.n_docs + 1))
-                    rows = (ptr, gid_of_posting[order], np.asarray(sh.tfs)[order].astype(np.float64))
-                    self._rows[s] = rows
-        return rows
+                if self._built is None:
+                    ptrs, gids, tfs, offsets, base, pos = [], [], [], [], 0, 0
+                    for sh in self.index.shards:
+                        gid_of_posting = np.repeat(sh.term_gid.astype(np.int32), np.diff(sh.indptr))
+                        order = np.argsort(sh.docs, kind="stable")
+                        ptr = np.searchsorted(sh.docs[order], np.arange(sh.n_docs + 1))
+                        ptrs.append(ptr[:-1] + pos)
+                        gids.append(gid_of_posting[order])
+                        tfs.append(np.asarray(sh.tfs)[order].astype(np.float32))  # small ints: exact
+                        offsets.append(base)
+                        base += sh.n_docs
+                        pos += len(order)
+                    ptr = np.concatenate(ptrs + [np.array([pos])])
+                    g = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int32)
+                    tf = np.concatenate(tfs) if tfs else np.zeros(0, dtype=np.float32)
+                    dl = np.add.reduceat(tf.astype(np.float64), ptr[:-1]) if len(tf) else np.zeros(0)
+                    dl[np.diff(ptr) == 0] = 0.0   # reduceat repeats the next value for empty rows
+                    terms = np.empty(len(self.index.vocab), dtype=object)
+                    for term, i in self.index.vocab.items():
+                        terms[i] = term
+                    short = np.fromiter((len(x) < 2 for x in terms), dtype=bool, count=len(terms))
+                    self._built = (ptr, g, tf, dl, np.asarray(offsets, dtype=np.int64), terms, short)
+        return self._built
+
+    def rows(self, docnos) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(term ids, tfs, index of the document each entry belongs to, |d| per document)."""
+        ptr, g, tf, dl, offsets, _, _ = self._build()
+        docnos = np.asarray(docnos, dtype=np.int64)
+        r = offsets[docnos >> 32] + (docnos & 0xFFFFFFFF)
+        starts, lens = ptr[r], ptr[r + 1] - ptr[r]
+        owner = np.repeat(np.arange(len(r)), lens)
+        idx = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens) + starts[owner]
+        return g[idx], tf[idx], owner, dl[r]
 
     def row(self, docno: int) -> tuple[np.ndarray, np.ndarray]:
         """(global term ids, tfs) of one document."""
-        s, local = split_docno(docno)
-        ptr, gids, tfs = self._shard(s)
-        a, b = ptr[local], ptr[local + 1]
-        return gids[a:b], tfs[a:b]
+        g, tf, _, _ = self.rows([docno])
+        return g, tf
 
     @property
     def terms(self) -> np.ndarray:
         """Term string of each global id."""
-        if self._terms is None:
-            t = np.empty(len(self.index.vocab), dtype=object)
-            for term, g in self.index.vocab.items():
-                t[g] = term
-            self._short = np.array([len(x) < 2 for x in t], dtype=bool)
-            self._terms = t
-        return self._terms
+        return self._build()[5]
 
     @property
     def short(self) -> np.ndarray:
         """True for one-character terms (never proposed)."""
-        _ = self.terms
-        return self._short
+        return self._build()[6]
 
     def rm3_weights(self, docnos, doc_weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`rm3_weights` over these documents' rows."""
-        rows = [self.row(int(n)) for n in docnos]
-        return rm3_weights([g for g, _ in rows], [t for _, t in rows], np.asarray(doc_weights, dtype=np.float64))
+        g, tf, owner, dl = self.rows(docnos)
+        w = np.maximum(np.asarray(doc_weights, dtype=np.float64), 0.0)
+        scale = np.divide(w, dl, out=np.zeros_like(w), where=dl > 0)
+        return rm3_from_rows(g, tf * scale[owner])
+
+
+def rm3_from_rows(gids: np.ndarray, contrib: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sum ``contrib`` (w_d · tf/|d| per row entry) per term: (ids, sums, entries per id)."""
+    if len(gids) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, np.zeros(0), empty
+    uniq, inv = np.unique(gids, return_inverse=True)
+    return uniq, np.bincount(inv, weights=contrib), np.bincount(inv)
 
 
 def rm3_weights(gids: list[np.ndarray], tfs: list[np.ndarray],
@@ -101,11 +128,8 @@ def rm3_weights(gids: list[np.ndarray], tfs: list[np.ndarray],
             parts_g.append(g)
             parts_v.append(tf * (w / dl))
     if not parts_g:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, np.zeros(0), empty
-    g = np.concatenate(parts_g)
-    uniq, inv = np.unique(g, return_inverse=True)
-    return uniq, np.bincount(inv, weights=np.concatenate(parts_v)), np.bincount(inv)
+        return rm3_from_rows(np.zeros(0, dtype=np.int64), np.zeros(0))
+    return rm3_from_rows(np.concatenate(parts_g), np.concatenate(parts_v))
 
 
 def select_terms(uniq: np.ndarray, weights: np.ndarray, eligible: np.ndarray, n: int,
@@ -119,6 +143,9 @@ def select_terms(uniq: np.ndarray, weights: np.ndarray, eligible: np.ndarray, n:
     idx = np.flatnonzero(eligible & (w > 0))
     if len(idx) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
+    if len(idx) > n:  # keep every candidate tied with the n-th, then order exactly
+        kth = np.partition(w[idx], len(idx) - n)[len(idx) - n]
+        idx = idx[w[idx] >= kth]
     order = idx[np.lexsort((uniq[idx], -w[idx]))][:n]
     top = w[order]
     return order, top / top[0]

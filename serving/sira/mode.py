@@ -88,7 +88,14 @@ class SiraConfig:
         if unknown:
             raise ValueError(f"manifest sira section: unknown key(s) {', '.join(sorted(unknown))}; "
                              f"valid: {', '.join(cls.__dataclass_fields__)}")
-        return cls(**section)
+        cfg = cls(**section)
+        if cfg.offline_proposer not in OFFLINE_PROPOSERS:
+            raise ValueError(f"manifest sira section: offline_proposer {cfg.offline_proposer!r}; "
+                             f"choose one of {', '.join(OFFLINE_PROPOSERS)}")
+        missing = set(PROPOSER_CHOICES) - {"auto"} - set(dict(cfg.lambdas))
+        if missing:
+            raise ValueError(f"manifest sira section: lambdas lacks {', '.join(sorted(missing))}")
+        return cfg
 
     @classmethod
     def from_options(cls, base: "SiraConfig", options: dict) -> "SiraConfig":
@@ -137,12 +144,13 @@ def resolve_proposer(cfg: SiraConfig, dense_available: bool, chat_available: boo
 def filter_proposals(proposals: list[Proposal], query_terms, index, cfg: SiraConfig) -> list[Verdict]:
     """The DF filter's verdict on each proposal, against the index's term statistics."""
     vocab, df, analyze = index.vocab, index.df, index.analyzer.analyze
+    qset = set(query_terms)
 
     def df_of(key: str) -> int:
         g = vocab.get(key)
         return 0 if g is None else int(df[g])
 
-    return [df_filter(p.tokens if p.tokens is not None else analyze(p.phrase), query_terms, df_of,
+    return [df_filter(p.tokens if p.tokens is not None else analyze(p.phrase), qset, df_of,
                       index.n_docs, cfg.tau, cfg.max_n) for p in proposals]
 
 
@@ -171,28 +179,60 @@ def _ms(t: float) -> float:
     return round((time.perf_counter() - t) * 1000, 3)
 
 
-def run_sira(searcher, query: str, k: int, options: dict):
-    """Mode function for ``Searcher``: (scored, trace, note, explain_fn)."""
-    from ..chat import ChatError
+@dataclass(frozen=True)
+class Prepared:
+    """A query's (or a batch's) settings, validated and resolved once."""
+
+    config: SiraConfig
+    params: Any                  # BM25Params
+    nprobe: int | None
+    proposer: str
+    sources: tuple[str, ...]
+    note: str
+
+
+def prepare(searcher, options: dict) -> Prepared:
+    """Validate ``options`` and resolve the proposer for this index and chat setup."""
     options = dict(options)
     cfg = SiraConfig.from_options(searcher.sira_config, options)
     nprobe = options.pop("nprobe", None)
     params = searcher._bm25_params(options)
-    chat_ok = searcher.chat is not None
-    proposer, sources, note = resolve_proposer(cfg, searcher.dense_mode.available, chat_ok)
+    proposer, sources, note = resolve_proposer(cfg, searcher.dense_mode.available, searcher.chat is not None)
+    return Prepared(cfg, params, nprobe, proposer, tuple(sources), note)
+
+
+@dataclass
+class Expansion:
+    """Everything one query's expansion decided: the weighted query and why."""
+
+    query_terms: dict[str, float]
+    proposals: list[Proposal]
+    verdicts: list[Verdict]
+    terms: dict[str, tuple[float, tuple[str, ...]]]
+    weights: dict[str, float]
+    proposer: str
+    lam: float
+    note: str
+    llm_error: str | None
+    timings: dict[str, float]
+
+
+def expand(searcher, query: str, prep: Prepared) -> Expansion:
+    """Propose, DF-filter and merge: the one {term: weight} dict SIRA scores with."""
+    from ..chat import ChatError
     t0 = time.perf_counter()
     qterms = dict(searcher.bm25.query_terms(query))
-    ctx = ProposalContext(searcher, query, qterms, cfg, params, nprobe)
+    ctx = ProposalContext(searcher, query, qterms, prep.config, prep.params, prep.nprobe)
+    proposer, note, llm_error = prep.proposer, prep.note, None
     proposals: list[Proposal] = []
-    llm_error = None
-    for src in sources:
+    for src in prep.sources:
         try:
             proposals += PROPOSERS[src](ctx)
         except ChatError as e:  # the search still answers, with the offline proposer
             llm_error = str(e)
             log.warning("SIRA llm proposer failed, going on without it: %s", e)
             if proposer == "llm":
-                fallback, fb_sources, _ = resolve_proposer(replace(cfg, proposer="auto"),
+                fallback, fb_sources, _ = resolve_proposer(replace(prep.config, proposer="auto"),
                                                            searcher.dense_mode.available, False)
                 note = f"the chat model failed ({e}); used offline proposer {fallback!r} instead"
                 proposer = fallback
@@ -200,26 +240,38 @@ def run_sira(searcher, query: str, k: int, options: dict):
                     proposals += PROPOSERS[s2](ctx)
     t_prop = _ms(t0)
     t = time.perf_counter()
-    verdicts = filter_proposals(proposals, qterms, searcher.index, cfg)
+    verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
     exp = expansion_terms(proposals, verdicts)
-    lam = cfg.lambda_for(proposer)
+    lam = prep.config.lambda_for(proposer)
     weights = weighted_query(qterms, {t_: w for t_, (w, _) in exp.items()}, lam)
-    t_filter = _ms(t)
+    timings = {**ctx.timings, "propose": t_prop, "filter": _ms(t)}
+    return Expansion(qterms, proposals, verdicts, exp, weights, proposer, lam, note, llm_error, timings)
+
+
+def sira_arrays(searcher, query: str, k: int, prep: Prepared):
+    """(docnos, scores) of the top ``k``: the batch path, no trace or explanations."""
+    return searcher.bm25.search_arrays(expand(searcher, query, prep).weights, k, prep.params)
+
+
+def run_sira(searcher, query: str, k: int, options: dict):
+    """Mode function for ``Searcher``: (scored, trace, note, explain_fn)."""
+    prep = prepare(searcher, options)
+    x = expand(searcher, query, prep)
     t = time.perf_counter()
-    scored = searcher.bm25.search_weighted(weights, k, params)
-    timings = {**ctx.timings, "propose": t_prop, "filter": t_filter, "bm25": _ms(t)}
-    tau_n = cfg.tau * searcher.index.n_docs
+    scored = searcher.bm25.search_weighted(x.weights, k, prep.params)
+    timings = {**x.timings, "bm25": _ms(t)}
+    cfg, params, qterms, exp, lam = prep.config, prep.params, x.query_terms, x.terms, x.lam
     trace = {"sira": {
-        "proposer": proposer, "requested": cfg.proposer, "sources": sources, "lambda": lam, "tau": cfg.tau,
-        "tau_n": tau_n, "max_n": cfg.max_n, "fb_docs": cfg.fb_docs, "fb_terms": cfg.fb_terms,
-        "k1": params.k1, "b": params.b, "length_norm": params.length_norm, "note": note,
-        "query_terms": qterms,
-        "proposals": [{"phrase": p.phrase, "source": p.source, "weight": p.weight,
-                       "evidence": p.evidence, "kept": v.kept, "reason": v.reason, "df": v.df,
-                       "terms": list(v.terms)} for p, v in zip(proposals, verdicts)],
+        "proposer": x.proposer, "requested": cfg.proposer, "sources": list(prep.sources), "lambda": lam,
+        "tau": cfg.tau, "tau_n": cfg.tau * searcher.index.n_docs, "max_n": cfg.max_n, "fb_docs": cfg.fb_docs,
+        "fb_terms": cfg.fb_terms, "k1": params.k1, "b": params.b, "length_norm": params.length_norm,
+        "note": x.note, "query_terms": qterms,
+        "proposals": [{"phrase": p.phrase, "source": p.source, "weight": p.weight, "evidence": p.evidence,
+                       "kept": v.kept, "reason": v.reason, "df": v.df, "terms": list(v.terms)}
+                      for p, v in zip(x.proposals, x.verdicts)],
         "expansion_terms": {t_: {"weight": w, "final_weight": lam * w, "sources": list(s)}
                             for t_, (w, s) in exp.items()},
-        **({"llm_error": llm_error} if llm_error else {})},
+        **({"llm_error": x.llm_error} if x.llm_error else {})},
         "timings_ms": timings}
     if not qterms and not exp:
         msg = ("The query has no searchable words: every word is a stopword or punctuation "
@@ -230,28 +282,22 @@ def run_sira(searcher, query: str, k: int, options: dict):
         msg = "SIRA kept no expansion terms for this query (see trace.sira.proposals); this is plain BM25."
     else:
         msg = ""
-    note_text = " ".join(x for x in (msg, note[:1].upper() + note[1:] + "." if note else "") if x)
+    note = x.note
+    note_text = " ".join(m for m in (msg, note[:1].upper() + note[1:] + "." if note else "") if m)
 
     def explain(n: int) -> dict:
-        ex = searcher.bm25.explain(weights, n, params)
-        top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
+        ex = searcher.bm25.explain(x.weights, n, params)
         terms = {}
-        for t_, v in top:
+        for t_, v in sorted(ex.items(), key=lambda kv: -kv[1]["contribution"]):
             role = "query" if t_ in qterms else "expansion"
             terms[t_] = {**v, "role": role, **({"sources": list(exp[t_][1])} if t_ in exp else {})}
         q_parts = [f"{t_} (tf {v['tf']})" for t_, v in terms.items() if v["role"] == "query"]
         e_parts = [f"{t_} (tf {v['tf']}, {'+'.join(v['sources'])})" for t_, v in terms.items()
                    if v["role"] == "expansion"]
-        why = "; ".join(x for x in (("query terms " + ", ".join(q_parts[:5])) if q_parts else "",
-                                    ("expansion terms " + ", ".join(e_parts[:5])) if e_parts else "") if x)
+        why = "; ".join(w for w in (("query terms " + ", ".join(q_parts[:5])) if q_parts else "",
+                                    ("expansion terms " + ", ".join(e_parts[:5])) if e_parts else "") if w)
         return {"terms": terms, "why": why or "no term matched",
                 "query_terms": [t_ for t_, v in terms.items() if v["role"] == "query"],
                 "expansion_terms": [t_ for t_, v in terms.items() if v["role"] == "expansion"]}
 
     return scored, trace, note_text, explain
-
-
-def needs_dense(searcher, options: dict) -> bool:
-    """Whether a sira query with these options runs the dense retriever (for batch prefill)."""
-    cfg = SiraConfig.from_options(searcher.sira_config, dict(options))
-    return "dense" in resolve_proposer(cfg, searcher.dense_mode.available, searcher.chat is not None)[1]

@@ -58,9 +58,11 @@ def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: b
     uniq, weights, ndocs = fwd.rm3_weights(docnos, doc_weights)
     if len(uniq) == 0:
         return []
-    df = ix.df[uniq]
-    qg = [g for t in ctx.query_terms if (g := ix.vocab.get(t)) is not None]
-    eligible = (df <= cfg.tau * ix.n_docs) & ~fwd.short[uniq] & ~np.isin(uniq, qg)
+    eligible = (ix.df[uniq] <= cfg.tau * ix.n_docs) & ~fwd.short[uniq]
+    qg = np.array([g for t in ctx.query_terms if (g := ix.vocab.get(t)) is not None], dtype=np.int64)
+    if len(qg):  # never propose the query's own terms
+        at = np.minimum(np.searchsorted(uniq, qg), len(uniq) - 1)
+        eligible[at[uniq[at] == qg]] = False
     pos, w = select_terms(uniq, weights, eligible, cfg.fb_terms, ix.idf[uniq] if use_idf else None)
     terms = fwd.terms
     return [Proposal(terms[uniq[p]], source, float(x), (terms[uniq[p]],),
