@@ -65,7 +65,8 @@ def parse_metric(name: str) -> tuple[str, int]:
 
 def describe_ties(ties: str) -> str:
     """A one-line label for reports and summaries, e.g. ``"trec_eval (score desc, ties by docid desc: ...)"``."""
-    return {"trec_eval": "trec_eval (score desc, ties by docid desc: what trec_eval prints for the written run)",
+    return {"trec_eval": "trec_eval (what trec_eval prints for the written runs; BM25 and SIRA runs are "
+                         "written as Anserini writes them: scores to 4 decimals, ties apart by docid asc)",
             "rank": "rank (score desc, ties by docid asc: funnel's own order, not trec_eval's re-sort)"}[check_ties(ties)]
 
 

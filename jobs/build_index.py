@@ -1,12 +1,16 @@
 """Build a funnel index with Ray Data: read -> validate -> hash-partition -> shards -> publish.
 
-    python jobs/build_index.py --corpus PATH --out INDEX_ROOT [--shards N]
+    python jobs/build_index.py --corpus PATH --out INDEX_ROOT [--shards N] [--engine auto|ray|local]
     ray job submit --working-dir . -- python jobs/build_index.py --corpus ... --out ...
 
-Local Ray unless RAY_ADDRESS names a cluster: with it unset, a fresh local Ray even when a
-``ray start`` cluster runs on the machine; the manifest's ``build.ray`` says which ran it.
-Ray appears only here: the stages are the pure functions of ``funnel.pipelines``. The
-driver holds chunk descriptions and one summary row per shard, never the corpus; workers
+Two engines run the same stages (the pure functions of ``funnel.pipelines``) and publish
+the same files: ``ray`` (Ray Data; local Ray unless RAY_ADDRESS names a cluster: with it
+unset, a fresh local Ray even when a ``ray start`` cluster runs on the machine) and
+``local`` (this process, ``funnel.jobs.local_engine``). ``auto`` picks local for a small
+corpus when RAY_ADDRESS is unset (:func:`choose_engine`), and the shard count follows the
+corpus size unless ``--shards`` is given (:func:`choose_shards`); the manifest's
+``build.engine``, ``build.shards`` and ``build.ray`` say what ran and why. The driver
+holds chunk descriptions and one summary row per shard, never the corpus; on Ray, workers
 add their progress to a counter actor that the driver logs every few seconds.
 """
 
@@ -36,8 +40,10 @@ class BuildReport:
     seconds: float
     stage_seconds: dict = field(default_factory=dict)
     rejects_path: str = ""
-    ray: dict = field(default_factory=dict)      # which Ray ran it (the manifest's build.ray)
+    ray: dict = field(default_factory=dict)      # which Ray ran it (the manifest's build.ray); {} on local
     dense: dict | None = None                    # the manifest's dense section, None without --dense
+    engine: dict = field(default_factory=dict)   # the manifest's build.engine: name, requested, reason
+    shard_plan: dict = field(default_factory=dict)  # the manifest's build.shards: n, requested, reason
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -45,6 +51,84 @@ class BuildReport:
 
 class BuildError(RuntimeError):
     """The build stopped; nothing was published."""
+
+
+ENGINES = ("auto", "ray", "local")
+
+#: Auto shard count: one shard per this many bytes of corpus text (JSONL bytes, or Parquet's
+#: uncompressed bytes). Build memory follows shard size: ~8 bytes of peak RSS per corpus
+#: byte in a shard over a ~250 MB base (SciFact x4 / x16, 32 / 130 MB: 0.5 / 1.3 GB), so a
+#: 256 MiB shard peaks near 2.3 GB. At query time each extra shard costs 4-20 µs per query
+#: (SciFact, k=10 / k=100: 4 shards take 1.22x / 1.80x the time of 1, at 47 / 72 µs a
+#: query on one shard), which is ~1% once a shard holds 256 MiB (~2 ms a query). Below
+#: the target one shard answers fastest.
+SHARD_TARGET_BYTES = 256 << 20
+#: Auto engine: never in-process above this size (a corpus of more than one auto shard).
+LOCAL_MAX_BYTES = SHARD_TARGET_BYTES
+#: What a local Ray adds before and around the work (start-up, Ray Data planning, the
+#: shuffle), and what the local engine builds per second on one core: bench/bench_build.py
+#: measured 10.5-11.5 s of start-up (1 shard, SciFact and NFCorpus) and 5-6.4 MB/s; at
+#: 130 MB with 2 shards on 2 cores Ray's parallel analysis only broke even (22.9 s vs 21.0 s
+#: in-process), hence 12 s. They set where Ray's parallel shards pay for its start.
+RAY_FIXED_SECONDS = 12.0
+LOCAL_BYTES_PER_SECOND = 6.0e6
+
+
+def corpus_bytes(spec) -> int:
+    """Bytes of corpus text: JSONL file sizes, Parquet row groups' uncompressed sizes (metadata only)."""
+    from funnel.pipelines.corpus import resolve_files
+    fs, files, fmt = resolve_files(spec)
+    if fmt != "parquet":
+        return sum(int(fs.get_file_info(f).size or 0) for f in files)
+    import pyarrow.parquet as pq
+    total = 0
+    for path in files:
+        with fs.open_input_file(path) as f:
+            md = pq.ParquetFile(f).metadata
+            total += sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    return total
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def choose_shards(requested: int | None, nbytes: int, target: int = SHARD_TARGET_BYTES) -> tuple[int, str]:
+    """(shard count, why): ``requested`` when given, else one shard per ``target`` bytes of corpus."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--shards must be >= 1, got {requested}")
+        return requested, f"set by --shards {requested}"
+    n = max(1, -(-nbytes // target))
+    return n, (f"auto: {_mib(nbytes)} of corpus, one shard per {_mib(target)} (fewer shards answer "
+               f"queries faster; a shard's size bounds the build's memory)")
+
+
+def choose_engine(requested: str, nbytes: int, n_shards: int, cpus: int | None = None) -> tuple[str, str]:
+    """(engine, why) for ``--engine``: ``ray`` or ``local`` as asked; ``auto`` decides by size.
+
+    ``auto`` is ``ray`` when RAY_ADDRESS names a cluster or the corpus is over
+    ``LOCAL_MAX_BYTES``. Otherwise Ray's only gain is running ``p = min(shards, cpus)``
+    shards at once: an in-process build of ``t = nbytes / LOCAL_BYTES_PER_SECOND`` seconds
+    would save ``t·(1 - 1/p)``, which must beat ``RAY_FIXED_SECONDS``; with one shard (the
+    auto count below 256 MiB) Ray can only add its start-up, so ``local`` wins.
+    """
+    if requested not in ENGINES:
+        raise ValueError(f"unknown engine {requested!r}; choose one of {', '.join(ENGINES)}")
+    if requested != "auto":
+        return requested, f"set by --engine {requested}"
+    if os.environ.get("RAY_ADDRESS"):
+        return "ray", f"auto: RAY_ADDRESS={os.environ['RAY_ADDRESS']} names a cluster"
+    if nbytes > LOCAL_MAX_BYTES:
+        return "ray", f"auto: {_mib(nbytes)} of corpus is over the in-process limit of {_mib(LOCAL_MAX_BYTES)}"
+    p = max(1, min(n_shards, cpus or os.cpu_count() or 1))
+    est = nbytes / LOCAL_BYTES_PER_SECOND
+    saved = est * (1 - 1 / p)
+    if saved > RAY_FIXED_SECONDS:
+        return "ray", (f"auto: {_mib(nbytes)} of corpus, ~{est:.0f}s in-process; {p} shards in parallel on Ray "
+                       f"would save ~{saved:.0f}s, more than Ray's ~{RAY_FIXED_SECONDS:.0f}s start")
+    return "local", (f"auto: {_mib(nbytes)} of corpus and RAY_ADDRESS unset: ~{est:.0f}s in-process, where "
+                     f"Ray would add ~{RAY_FIXED_SECONDS:.0f}s of start-up and save ~{saved:.0f}s")
 
 
 class _DropNotices(logging.Filter):
@@ -258,68 +342,95 @@ def _collect_rejects(work_dir: str, out_path: str) -> int:
     return len(rows)
 
 
-def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str = "auto",
+def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analyzer_cfg: dict, counter,
+                 progress_seconds: float, corpus: str, out: str) -> list[dict]:
+    """The lexical stages on Ray Data: read in parallel chunks, shuffle by shard, one task per shard."""
+    import ray
+
+    from funnel.pipelines.progress import ProgressLog, Status
+
+    def lexical_status() -> Status:
+        read, index = _counts(counter, "read"), _counts(counter, "index")
+        if read.get("chunks", 0) < len(chunks) or not index:
+            return Status("read + analyze", read.get("docs", 0), fraction=read.get("chunks", 0) / len(chunks),
+                          detail=f"chunk {read.get('chunks', 0)} of {len(chunks)}, "
+                                 f"{read.get('rejects', 0):,} rejected")
+        return Status("index shards", index.get("docs", 0), total=read.get("docs", 0),
+                      detail=f"{index.get('shards', 0)} of {shards} shards written")
+
+    ds = ray.data.from_items([c.to_dict() for c in chunks], override_num_blocks=max(1, len(chunks)))
+    ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work, counter))
+    try:
+        with ProgressLog(lexical_status, progress_seconds, log):
+            return (ds.groupby("shard", num_partitions=shards)
+                    .map_groups(_shard_fn(staging, work, analyzer_cfg, counter), batch_format="numpy")
+                    .take_all())
+    except Exception:
+        # Ray Data's shuffle fails on a dataset with no rows at all: say what happened,
+        # and keep the reasons (staging and work are deleted by the caller).
+        if _chunks_read(work) == len(chunks) and _valid_rows(work) == 0:
+            kept, n = _keep_rejects(work, out, staging)
+            raise BuildError(f"no valid documents in {corpus}: all {n} rows were rejected; nothing "
+                             f"published. The reasons are in {kept}") from None
+        raise
+
+
+def build(corpus: str, out: str, shards: int | None = None, strict: bool = False, fmt: str = "auto",
           id_field: str | None = None, title_field: str = "title", text_field: str = "text",
           keep_versions: int | None = None, dense: bool = False, embed_model: str | None = None,
           embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None,
-          progress_seconds: float = DEFAULT_INTERVAL) -> BuildReport:
+          progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
-    Every ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build``
-    at INFO: stage, documents done, rate, ETA.
+    ``shards`` None chooses the count from the corpus size (:func:`choose_shards`);
+    ``engine`` is ``auto``, ``ray`` or ``local`` (:func:`choose_engine`). Every
+    ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build`` at
+    INFO: stage, documents done, rate, ETA.
     """
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
     from funnel.pipelines.postings import finalize_shard
-    from funnel.pipelines.progress import ProgressLog, Status
     from funnel.pipelines.shard import build_lexical_shard, combine_fingerprints, shard_name
     from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
 
-    if shards < 1:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if shards is not None and shards < 1:
         raise ValueError(f"--shards must be >= 1, got {shards}")
     t0 = time.time()
     timings = {}
     spec = CorpusSpec(path=corpus, format=fmt, id_field=id_field, title_field=title_field,
                       text_field=text_field)
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)
-    log.info("corpus %s: %d chunks", corpus, len(chunks))
+    nbytes = corpus_bytes(spec)
+    requested_shards = shards
+    shards, shards_why = choose_shards(requested_shards, nbytes)
+    engine_name, engine_why = choose_engine(engine, nbytes, shards, num_cpus)
+    engine_info = {"name": engine_name, "requested": engine, "reason": engine_why, "corpus_bytes": nbytes}
+    shard_info = {"n": shards, "requested": requested_shards if requested_shards is not None else "auto",
+                  "reason": shards_why}
+    log.info("corpus %s: %d chunks, %s; %d shard(s) (%s); engine %s (%s)", corpus, len(chunks), _mib(nbytes),
+             shards, shards_why, engine_name, engine_why)
     analyzer = Analyzer()
     staging = new_staging_dir(out)
     work = os.path.join(out, ".work-" + os.path.basename(staging).split("-", 1)[1])
     os.makedirs(work)
     try:
-        ray_info = _init_ray(num_cpus)
-        import ray
-
-        counter = _progress_counter()
-
-        def lexical_status() -> Status:
-            read, index = _counts(counter, "read"), _counts(counter, "index")
-            if read.get("chunks", 0) < len(chunks) or not index:
-                return Status("read + analyze", read.get("docs", 0), fraction=read.get("chunks", 0) / len(chunks),
-                              detail=f"chunk {read.get('chunks', 0)} of {len(chunks)}, "
-                                     f"{read.get('rejects', 0):,} rejected")
-            return Status("index shards", index.get("docs", 0), total=read.get("docs", 0),
-                          detail=f"{index.get('shards', 0)} of {shards} shards written")
-
+        ray_info: dict = {}
+        counter = None
         t = time.time()
-        ds = ray.data.from_items([c.to_dict() for c in chunks], override_num_blocks=max(1, len(chunks)))
-        ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work, counter))
-        try:
-            with ProgressLog(lexical_status, progress_seconds, log):
-                summaries = (ds.groupby("shard", num_partitions=shards)
-                             .map_groups(_shard_fn(staging, work, analyzer.config.to_dict(), counter),
-                                         batch_format="numpy")
-                             .take_all())
-        except Exception:
-            # Ray Data's shuffle fails on a dataset with no rows at all: say what happened,
-            # and keep the reasons (staging and work are deleted below).
-            if _chunks_read(work) == len(chunks) and _valid_rows(work) == 0:
-                kept, n = _keep_rejects(work, out, staging)
-                raise BuildError(f"no valid documents in {corpus}: all {n} rows were rejected; nothing "
-                                 f"published. The reasons are in {kept}") from None
-            raise
+        if engine_name == "ray":
+            ray_info = _init_ray(num_cpus)
+            counter = _progress_counter()
+            summaries = _ray_lexical(chunks, spec, shards, staging, work, analyzer.config.to_dict(), counter,
+                                     progress_seconds, corpus, out)
+        else:
+            from funnel.jobs.local_engine import run_lexical
+            if num_cpus is not None:
+                log.info("--num-cpus %d is ignored: the local engine runs in this process", num_cpus)
+            summaries = run_lexical(chunks, spec, shards, staging, work, analyzer.config.to_dict(),
+                                    progress_seconds)
         timings["read_analyze_shard"] = round(time.time() - t, 2)
         by_shard = {int(s["shard"]): s for s in summaries}
         empty = {"doc_id": [], "title": [], "text": [], "content_hash": [], "chunk": [], "line": []}
@@ -364,14 +475,20 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
             "shards": [{"shard": s, "n_docs": int(r["n_docs"]), "total_terms": int(r["total_terms"]),
                         "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
             "dense": None,
-            "build": {"seconds": None, "stages": timings, "ray": ray_info},
+            "build": {"seconds": None, "stages": timings, "engine": engine_info, "shards": shard_info,
+                      "ray": ray_info},
         }
         if dense:
             t = time.time()
-            from funnel.jobs.embed_stage import run_dense_stage
-            manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
-                                                counter=counter, progress_seconds=progress_seconds,
-                                                actor_options=_max_restarts(ray_info))
+            if engine_name == "ray":
+                from funnel.jobs.embed_stage import run_dense_stage
+                manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
+                                                    counter=counter, progress_seconds=progress_seconds,
+                                                    actor_options=_max_restarts(ray_info))
+            else:
+                from funnel.jobs.local_engine import run_dense
+                manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
+                                              progress_seconds=progress_seconds)
             timings["dense"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         version = publish(out, staging, manifest, keep=keep_versions)
@@ -381,9 +498,11 @@ def build(corpus: str, out: str, shards: int = 4, strict: bool = False, fmt: str
     finally:
         shutil.rmtree(work, ignore_errors=True)
     secs = round(time.time() - t0, 2)
-    log.info("published %s/%s: %d docs, %d rejects, %.1fs", out, version, n_docs, n_rejects, secs)
+    log.info("published %s/%s: %d docs, %d rejects, %.1fs, engine %s", out, version, n_docs, n_rejects, secs,
+             engine_name)
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
-                       os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"])
+                       os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"],
+                       engine=engine_info, shard_plan=shard_info)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -401,7 +520,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the corpus: a BEIR folder (corpus.jsonl), a .jsonl or .parquet file or a folder "
                         "of them; a local path or a pyarrow filesystem URI (file://, s3://, gs://) (required)")
     p.add_argument("--out", required=True, help="INDEX_ROOT: versions and the CURRENT pointer live here (required)")
-    p.add_argument("--shards", type=int, default=4, help="hash partitions of the index")
+    p.add_argument("--shards", type=int, default=None,
+                   help="hash partitions of the index (default: auto, one per 256 MiB of corpus: 1 for a "
+                        "small corpus, which answers queries fastest)")
+    p.add_argument("--engine", default="auto", choices=ENGINES,
+                   help="where the stages run: ray (Ray Data; a local Ray unless RAY_ADDRESS is set), local "
+                        "(this process, no Ray), or auto: local for a small corpus when RAY_ADDRESS is unset "
+                        "(default: auto)")
     p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
     p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
                    help="corpus format; auto goes by the file names")
@@ -420,7 +545,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "an OpenAI-compatible /v1/embeddings endpoint (default: all-MiniLM-L6-v2)")
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
     p.add_argument("--num-cpus", type=int, default=None,
-                   help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS "
+                   help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS and by --engine local "
                         "(default: all of this machine's)")
     p.add_argument("--progress-seconds", type=float, default=DEFAULT_INTERVAL,
                    help="seconds between progress lines of a long stage; 0 turns them off")
@@ -430,8 +555,13 @@ def describe_report(rep: BuildReport) -> str:
     """What a build published, for the terminal: counts, modes it can serve, Ray, next step."""
     ray_used = {"local": "a local Ray started by funnel", "cluster": f"the Ray cluster at {rep.ray.get('address')}",
                 "existing": "the Ray this process had initialized"}.get(rep.ray.get("cluster"), "Ray")
+    where = "in this process (engine local, no Ray)" if rep.engine.get("name") == "local" else f"on {ray_used}"
     lines = [f"published {rep.index_root}/{rep.version}: {rep.n_docs} documents in {rep.n_shards} shards, "
-             f"{rep.n_rejects} rejected ({rep.rejects_path}), {rep.seconds:.1f}s on {ray_used}"]
+             f"{rep.n_rejects} rejected ({rep.rejects_path}), {rep.seconds:.1f}s {where}"]
+    if rep.engine:
+        lines.append(f"  engine: {rep.engine['name']} ({rep.engine['reason']})")
+    if rep.shard_plan:
+        lines.append(f"  shards: {rep.shard_plan['n']} ({rep.shard_plan['reason']})")
     if rep.dense:
         fp = rep.dense.get("fingerprint") or {}
         lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
@@ -446,7 +576,7 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
     rep = build(a.corpus, a.out, shards=a.shards, strict=a.strict, fmt=a.fmt, id_field=a.id_field,
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
-                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds)
+                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine)
     print(describe_report(rep))
     return rep
 

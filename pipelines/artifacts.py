@@ -293,14 +293,17 @@ def publish(root: str, staging: str, manifest: dict, keep: int | None = None) ->
     with root_lock(root):
         manifest["parent"] = _current_or_none(root)
         write_manifest(staging, manifest)
-        try:
-            os.unlink(os.path.join(staging, BUILD_LOCK))
-        except FileNotFoundError:
-            pass
         _fsync_dir(staging)
         existing = list_versions(root)
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
         os.rename(staging, os.path.join(root, name))
+        # The lock file goes only after the rename: a staging folder killed at any point
+        # still has it, so gc sees its build is dead at once (a lock-less one waits out
+        # UNLOCKED_GRACE_S). A version left holding it is fine: it is not a version file.
+        try:
+            os.unlink(os.path.join(root, name, BUILD_LOCK))
+        except FileNotFoundError:
+            pass
         _write_current(root, name)
         if keep:
             trash = _retire(root, keep, {name})

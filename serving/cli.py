@@ -1,6 +1,7 @@
 """The ``funnel`` command: a thin dispatcher that imports each side lazily.
 
     funnel build --corpus PATH --out INDEX_ROOT [--shards N] [--dense]   (the Ray job)
+    funnel reindex --index INDEX_ROOT --corpus PATH [--dense] [--keep N]  (only what changed)
     funnel search INDEX_ROOT "query" [--mode bm25] [--k 10] [--json] [--fusion rrf ...]
     funnel search INDEX_ROOT --queries queries.jsonl --mode bm25 --k 100 --run out.trec
     funnel eval --dataset BEIR_DIR [--index INDEX_ROOT] [--modes bm25,dense] [--check MATRIX]
@@ -93,6 +94,11 @@ def _fusions() -> tuple[str, ...]:
     return FUSIONS
 
 
+def _proposers() -> tuple[str, ...]:
+    from .sira import PROPOSER_CHOICES
+    return PROPOSER_CHOICES
+
+
 def _length_norms() -> tuple[str, ...]:
     from .bm25 import LENGTH_NORMS
     return LENGTH_NORMS
@@ -124,7 +130,10 @@ class _ApiDefault:
     def __str__(self) -> str:
         from .bm25 import BM25Params
         from .hybrid import HybridConfig
-        for cls in (BM25Params, HybridConfig):
+        from .sira import SiraConfig
+        if self.name == "lambda":  # SIRA's λ depends on the proposer
+            return ", ".join(f"{p} {w:g}" for p, w in SiraConfig.lambdas)
+        for cls in (BM25Params, HybridConfig, SiraConfig):
             field = cls.__dataclass_fields__.get(self.name)
             if field is not None:
                 return _format_default(self.name, field.default)
@@ -190,7 +199,8 @@ def _positive_int(text: str) -> int:
 #: They default to "not given", so the index's own settings apply unless a flag is used.
 QUERY_OPTIONS = ("k1", "b", "length_norm", "nprobe", "fusion", "alpha", "rrf_k", "candidates",
                  "bm25_weight", "dense_weight", "top_rank_bonus", "rerank_depth", "chunk_tokens",
-                 "blend_tiers", "expand", "context_tokens")
+                 "blend_tiers", "expand", "context_tokens",
+                 "proposer", "lambda", "tau", "max_n", "fb_docs", "fb_terms")
 
 
 def _search_options(a) -> dict:
@@ -200,17 +210,26 @@ def _search_options(a) -> dict:
     return opts
 
 
+def _chat(args):
+    """The ``ChatProvider`` that ``--chat BASE_URL#MODEL`` names, else None."""
+    spec = getattr(args, "chat", None) if args is not None else None
+    if not spec:
+        return None
+    from .chat import ChatProvider
+    base_url, _, model = spec.partition("#")
+    if not base_url.startswith(("http://", "https://")) or not model:
+        raise ValueError(f"--chat wants BASE_URL#MODEL (e.g. http://127.0.0.1:8080/v1#smollm2), got {spec!r}")
+    return ChatProvider(base_url, model)
+
+
 def _searcher(root: str, args=None):
     from .search import open_index
     kw = {}
     if args is not None and getattr(args, "verify", None):
         kw["verify"] = args.verify
-    if args is not None and getattr(args, "chat", None):
-        from .chat import ChatProvider
-        base_url, _, model = args.chat.partition("#")
-        if not base_url.startswith(("http://", "https://")) or not model:
-            raise ValueError(f"--chat wants BASE_URL#MODEL (e.g. http://127.0.0.1:8080/v1#smollm2), got {args.chat!r}")
-        kw["chat"] = ChatProvider(base_url, model)
+    chat = _chat(args)
+    if chat is not None:
+        kw["chat"] = chat
     ix = open_index(root, **kw)
     if args is not None and getattr(args, "rerank", None):
         from .rerank import make_reranker
@@ -324,7 +343,13 @@ def cmd_build(a) -> int:
     return 0
 
 
-def ensure_index(dataset_dir: str, root: str | None, need_dense: bool, shards: int) -> str:
+def cmd_reindex(a) -> int:
+    from funnel.jobs.reindex import run_from_args
+    run_from_args(a)
+    return 0
+
+
+def ensure_index(dataset_dir: str, root: str | None, need_dense: bool, shards: int | None) -> str:
     """Reuse the index at ``root`` (default ``.funnel/indexes/NAME``) or build it from the dataset."""
     from funnel.pipelines.artifacts import load_manifest, read_current
     name = os.path.basename(os.path.normpath(dataset_dir))
@@ -335,7 +360,7 @@ def ensure_index(dataset_dir: str, root: str | None, need_dense: bool, shards: i
         if not need_dense or m.get("dense"):
             return root
     from funnel.jobs.build_index import build
-    print(f"building {root} from {dataset_dir} ({shards} shards{', dense' if need_dense else ''})", file=sys.stderr)
+    print(f"building {root} from {dataset_dir} ({shards or 'auto'} shards{', dense' if need_dense else ''})", file=sys.stderr)
     build(dataset_dir, root, shards=shards, dense=need_dense)
     return root
 
@@ -352,8 +377,11 @@ def cmd_demo(a) -> int:
     corpus = os.path.join(a.out, "..", "demo-corpus.jsonl")
     n = write_demo_corpus(corpus)
     print(f"demo corpus: {n} Python standard-library docstrings -> {os.path.normpath(corpus)}")
-    rep = build(corpus, a.out, shards=2, dense=a.dense)
-    print(f"published {a.out}/{rep.version}: {rep.n_docs} documents, {rep.n_rejects} rejected, {rep.seconds:.1f}s")
+    # The demo runs the real job on a local Ray (engine "ray"), though a corpus this small
+    # would build in-process under "auto": it is the pipeline a cluster would run.
+    rep = build(corpus, a.out, dense=a.dense, engine=a.engine)
+    print(f"published {a.out}/{rep.version}: {rep.n_docs} documents, {rep.n_rejects} rejected, "
+          f"{rep.seconds:.1f}s, engine {rep.engine.get('name')}")
     ix = _searcher(a.out)
     modes = ["bm25"] + (["dense", "hybrid"] if a.dense else [])
     for mode in modes:
@@ -403,13 +431,20 @@ def _token(a) -> str | None:
 
 def cmd_serve(a) -> int:
     token = _token(a)
-    from .http import serve
-    return serve(a.index, host=a.host, port=a.port, token=token)
+    from .http import DEFAULT_MAX_BODY_BYTES, serve
+    return serve(a.index, host=a.host, port=a.port, token=token, insecure=a.insecure,
+                 max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a))
 
 
 def cmd_mcp(a) -> int:
+    # Over stdio there is nothing to authenticate: $FUNNEL_TOKEN is for the HTTP transport,
+    # and an explicit --token there is refused by run_mcp.
+    token = _token(a) if a.transport != "stdio" else a.token
+    from .http import DEFAULT_MAX_BODY_BYTES
     from .mcp import run_mcp
-    return run_mcp(a.index, transport=a.transport, host=a.host, port=a.port)
+    return run_mcp(a.index, transport=a.transport, host=a.host, port=a.port, token=token,
+                   insecure=a.insecure, allow_hosts=a.allow_host,
+                   max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a))
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -444,13 +479,13 @@ def _add_search_parser(sub, common) -> None:
         act.api_default = _ApiDefault(act.dest)
         return act
 
-    lx = s.add_argument_group("BM25 (modes bm25, hybrid)")
+    lx = s.add_argument_group("BM25 (modes bm25, hybrid, sira)")
     option(lx, "--k1", type=float, help="term-frequency saturation (default: the index's, else %(api_default)s)")
     option(lx, "--b", type=float, help="length normalization, 0..1 (default: the index's, else %(api_default)s)")
     option(lx, "--length-norm", dest="length_norm", choices=_LazyChoices(_length_norms), metavar="NORM",
            help="document lengths: %(choices)s (default: the index's, else %(api_default)s)")
 
-    dn = s.add_argument_group("dense (modes dense, hybrid)")
+    dn = s.add_argument_group("dense (modes dense, hybrid; sira with proposer dense or union)")
     dn.add_argument("--nprobe", type=_positive_int, default=argparse.SUPPRESS,
                     help="IVF lists searched per query (default: the index's, chosen at build)")
 
@@ -486,8 +521,24 @@ def _add_search_parser(sub, common) -> None:
     hy.add_argument("--expand", type=_positive_int, default=argparse.SUPPRESS,
                     help="LLM query expansions searched as extra lists; needs --chat (default: none)")
     hy.add_argument("--chat", metavar="BASE_URL#MODEL", default=None,
-                    help="OpenAI-compatible chat endpoint for --expand, e.g. http://127.0.0.1:8080/v1#smollm2 "
+                    help="OpenAI-compatible chat endpoint for --expand and SIRA's llm proposer, "
+                         "e.g. http://127.0.0.1:8080/v1#smollm2 "
                          "(default: none)")
+
+    sr = s.add_argument_group("SIRA (mode sira): BM25(q) + lambda * BM25(proposed evidence terms), one call")
+    option(sr, "--proposer", choices=_LazyChoices(_proposers), metavar="PROPOSER",
+           help="where expansion terms come from: %(choices)s; auto = llm with --chat, else dense, "
+                "else prf (default: the index's, else %(api_default)s)")
+    option(sr, "--lambda", dest="lambda", type=float,
+           help="weight of the expansion terms (default: the index's, else per proposer: %(api_default)s)")
+    option(sr, "--tau", type=float,
+           help="DF filter: keep a phrase only if 1 <= df <= tau * N (default: the index's, else %(api_default)s)")
+    option(sr, "--max-n", dest="max_n", type=int,
+           help="longest n-gram window the DF filter checks, 1..3 (default: the index's, else %(api_default)s)")
+    option(sr, "--fb-docs", dest="fb_docs", type=int,
+           help="feedback documents for prf/dense (default: the index's, else %(api_default)s)")
+    option(sr, "--fb-terms", dest="fb_terms", type=int,
+           help="feedback terms for prf/dense (default: the index's, else %(api_default)s)")
 
     ctx = s.add_argument_group("context (any mode, one query)")
     ctx.add_argument("--context-tokens", dest="context_tokens", type=_positive_int, default=argparse.SUPPRESS,
@@ -507,7 +558,8 @@ def _add_eval_parser(sub, common) -> None:
     e.add_argument("--mode", dest="modes", default=argparse.SUPPRESS, help="one mode (same as --modes)")
     e.add_argument("--split", default="test", help="qrels split (qrels/SPLIT.tsv)")
     e.add_argument("--k", type=int, default=100, help="documents retrieved per query")
-    e.add_argument("--shards", type=int, default=4, help="shards when the index has to be built")
+    e.add_argument("--shards", type=int, default=None,
+                   help="shards when the index has to be built (default: auto, chosen from the corpus size)")
     e.add_argument("--remove-query", dest="remove_query", default="auto",
                    choices=_LazyChoices(_remove_query_choices), metavar="{auto,on,off}",
                    help="drop hits whose doc id is the query id (BEIR ignore_identical_ids); auto: on when "
@@ -518,6 +570,32 @@ def _add_eval_parser(sub, common) -> None:
     e.add_argument("--check", help="regression matrix YAML: print OK/FAIL per row, exit 1 on a FAIL (default: none)")
     e.add_argument("--json", action="store_true", help="print the results as JSON")
     e.set_defaults(fn=cmd_eval)
+
+
+class _LazyText:
+    """Text computed when ``--help`` prints it, so building the parser imports nothing."""
+
+    def __init__(self, load):
+        self._load = load
+
+    def __str__(self) -> str:
+        return str(self._load())
+
+
+def _max_body_default() -> str:
+    from .http import DEFAULT_MAX_BODY_BYTES
+    return f"{DEFAULT_MAX_BODY_BYTES}"
+
+
+def _add_exposure_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``serve`` and ``mcp`` share about who may send what."""
+    p.add_argument("--insecure", action="store_true",
+                   help="listen beyond loopback (e.g. --host 0.0.0.0) without a token; without this "
+                        "flag such a server refuses to start")
+    act = p.add_argument("--max-body-bytes", dest="max_body_bytes", type=_positive_int, default=None,
+                         metavar="N", help="largest request body accepted; a larger one is answered 413 "
+                                           "before the token check (default: %(server_default)s)")
+    act.server_default = _LazyText(_max_body_default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -540,6 +618,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(b)
     b.set_defaults(fn=cmd_build)
 
+    from funnel.jobs.reindex import add_arguments as add_reindex_arguments
+    r = sub.add_parser("reindex", parents=[common], formatter_class=_HelpFormatter,
+                       help="publish the next version from a changed corpus, processing only what changed",
+                       description="Diff the corpus's content hashes against the live version, analyze (and "
+                                   "embed) only added and changed documents, drop deleted ones, and publish "
+                                   "a new version that ranks exactly as a full build would. No changes: "
+                                   "nothing is published (exit 0). Runs in this process unless RAY_ADDRESS "
+                                   "is set or --executor ray.")
+    add_reindex_arguments(r)
+    r.set_defaults(fn=cmd_reindex)
+
     _add_search_parser(sub, common)
     _add_eval_parser(sub, common)
 
@@ -555,6 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--query", default="parse command line arguments", help="the query to answer")
     d.add_argument("--dense", dest="dense", action="store_true", help="embed too, and show dense and hybrid")
     d.add_argument("--no-dense", dest="dense", action="store_false", help="BM25 only")
+    d.add_argument("--engine", choices=["ray", "local", "auto"], default="ray",
+                   help="ray: the Ray Data job on a local Ray; local: the same stages in this process")
     d.set_defaults(fn=cmd_demo, dense=True)
 
     v = sub.add_parser("verify", parents=[common], formatter_class=_HelpFormatter,
@@ -566,7 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="remove what killed builds left (.staging-*, .work-*) and versions beyond --keep")
     g.add_argument("index", help="INDEX_ROOT")
     g.add_argument("--keep", type=int, default=None,
-                   help="keep this many newest versions (never the one CURRENT names); default: keep all")
+                   help="keep this many newest versions, never removing the one CURRENT names (default: keep all)")
     g.set_defaults(fn=cmd_gc)
 
     sv = sub.add_parser("serve", parents=[common], formatter_class=_HelpFormatter,
@@ -574,8 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("index", help="INDEX_ROOT; a newly published version is picked up without a restart")
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     sv.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
-    sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every endpoint but /health; an "
-                                    "empty token is refused (default: $FUNNEL_TOKEN, else no token)")
+    sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every path but /health (/docs "
+                                    "included); needed beyond loopback; an empty token is refused "
+                                    "(default: $FUNNEL_TOKEN, else no token)")
+    _add_exposure_arguments(sv)
+    sv.add_argument("--chat", metavar="BASE_URL#MODEL", default=None,
+                    help="OpenAI-compatible chat endpoint for SIRA's llm proposer and hybrid expansions "
+                         "(default: none; sira then uses its offline proposer)")
     sv.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("mcp", parents=[common], formatter_class=_HelpFormatter,
@@ -585,6 +681,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stdio (the client starts this process) or streamable HTTP at /mcp")
     m.add_argument("--host", default="127.0.0.1", help="interface for streamable-http")
     m.add_argument("--port", type=int, default=8766, help="port for streamable-http")
+    m.add_argument("--token", help="streamable-http: require 'Authorization: Bearer TOKEN' on every request; "
+                                   "needed beyond loopback; an empty token is refused "
+                                   "(default: $FUNNEL_TOKEN, else no token)")
+    m.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="streamable-http: a Host header to accept besides loopback and this machine's "
+                        "names (DNS-rebinding protection), e.g. the name behind a proxy; repeatable "
+                        "(default: none)")
+    _add_exposure_arguments(m)
+    m.add_argument("--chat", metavar="BASE_URL#MODEL", default=None,
+                   help="OpenAI-compatible chat endpoint for SIRA's llm proposer and hybrid expansions "
+                        "(default: none; sira then uses its offline proposer)")
     m.set_defaults(fn=cmd_mcp)
     return p
 
@@ -607,7 +714,7 @@ def _setup_logging(a) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # What a command must say even without -v: a build's progress and which Ray it uses
     # (build, eval, demo build indexes), and where a server listens.
-    if a.command in ("build", "eval", "demo"):
+    if a.command in ("build", "reindex", "eval", "demo"):
         logging.getLogger("funnel.build").setLevel(logging.INFO)
     if a.command == "serve":
         logging.getLogger("funnel.serving.http").setLevel(logging.INFO)

@@ -1,4 +1,5 @@
-"""The build job end to end on a real local Ray: validation, rejects, shards, publish, serving."""
+"""The build job end to end (in-process for these small corpora, engine auto; on a real local Ray where
+named, and both ways in test_build_engines.py): validation, rejects, shards, publish, serving."""
 
 import json
 import os
@@ -222,13 +223,14 @@ def test_unknown_options_are_refused_with_the_valid_ones(demo_index_1):
 
 
 def test_build_records_which_ray_ran_it(ray_session, tmp_path):
-    # The session's Ray was initialized by the test process, so the build uses it as it is
+    # The session's Ray was initialized by the test process, so a Ray build uses it as it is
     # (a fresh `funnel build` process starts its own local Ray: tests/test_cli_build.py).
     import ray
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "1", "text": "apples and oranges"}])
-    rep = build(corpus, str(tmp_path / "ix"), shards=1)
+    rep = build(corpus, str(tmp_path / "ix"), shards=1, engine="ray")
     m = json.load(open(os.path.join(tmp_path, "ix", rep.version, "manifest.json")))
     assert m["build"]["ray"] == rep.ray
+    assert m["build"]["engine"] == rep.engine and rep.engine["name"] == "ray" and rep.engine["requested"] == "ray"
     assert rep.ray["cluster"] == "existing" and rep.ray["address"] == ray.get_runtime_context().gcs_address
     assert rep.ray["cpus"] == ray.cluster_resources()["CPU"]
 

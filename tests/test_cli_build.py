@@ -71,7 +71,8 @@ def built(demo_corpus, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["FUNNEL_CACHE"] = str(d / "cache")  # embed for real, not from a warm cache
     p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", str(corpus),
-                        "--out", str(d / "ix"), "--shards", "2", "--dense", "--progress-seconds", "1"],
+                        "--out", str(d / "ix"), "--shards", "2", "--engine", "ray", "--dense",
+                        "--progress-seconds", "1"],
                        env=env, capture_output=True, text=True, timeout=900)
     return p, str(d / "ix")
 

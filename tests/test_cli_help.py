@@ -13,7 +13,7 @@ import pytest
 
 from funnel.serving.cli import build_parser, main
 
-COMMANDS = ("build", "search", "eval", "compare", "demo", "verify", "serve", "mcp")
+COMMANDS = ("build", "search", "eval", "compare", "demo", "verify", "serve", "mcp", "gc", "reindex")
 
 
 def option_entries(help_text: str) -> dict[str, str]:
@@ -62,7 +62,7 @@ def test_choices_come_from_the_registries(demo_index_1, capsys):
     assert e["--remove-query"].startswith("--remove-query {" + ",".join(REMOVE_QUERY_CHOICES) + "}")
     assert "(default: auto)" in e["--remove-query"] and ", ".join(modes) in e["--modes"]
     b = option_entries(help_of("build", capsys))
-    assert "(default: 4)" in b["--shards"] and "(default: all-MiniLM-L6-v2)" in b["--embed-model"]
+    assert "(default: auto" in b["--shards"] and "(default: all-MiniLM-L6-v2)" in b["--embed-model"]
 
 
 def test_version(capsys):

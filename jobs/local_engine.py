@@ -1,0 +1,157 @@
+"""The build's stages in this process, without Ray: the ``local`` engine of ``build_index``.
+
+    chunks --read_chunk--> work/rows/shard-NNNN/chunk-*.parquet --build_lexical_shard--> shards
+    docs/shard-NNNN.parquet --EmbedBatch--> dense/emb-NNNN.npy + ids-NNNN.npy --build_dense_index-->
+
+The same pure functions of ``funnel.pipelines`` as the Ray engine, called in the same way
+on the same rows, so the two engines publish the same files (``tests/test_build_engines.py``
+compares them). What differs is only where the work runs: here one chunk and then one
+shard at a time, so memory follows the largest chunk and the largest shard, as it does on
+Ray, and a small corpus pays no cluster start-up and no shuffle (issue 17: ~12 s and ~1 GB
+of a 14 s SciFact build).
+
+Rows wait for their shard as Parquet files under the build's work folder: a chunk's rows
+are spilled per shard as soon as it is read, and each shard reads back only its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from funnel.pipelines.progress import DEFAULT_INTERVAL, ProgressLog, Status
+
+log = logging.getLogger("funnel.build")
+
+#: The columns of a parsed row that ``build_lexical_shard`` reads.
+ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line")
+_ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
+                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64())])
+
+
+def _write_chunk_rejects(work: str, chunk, res) -> None:
+    """``work/rejects/chunk-NNNNNN.json``: the same file the Ray engine's read stage writes."""
+    os.makedirs(os.path.join(work, "rejects"), exist_ok=True)
+    with open(os.path.join(work, "rejects", f"chunk-{chunk.index:06d}.json"), "w") as f:
+        json.dump({"chunk": chunk.index, "path": chunk.path, "lines": res.lines,
+                   "rows": len(res.rows), "rejects": res.rejects}, f)
+
+
+def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None:
+    """Write a chunk's valid rows to ``work/rows/shard-NNNN/chunk-NNNNNN.parquet``, per shard."""
+    from funnel.pipelines.corpus import shard_of
+    from funnel.pipelines.shard import shard_name
+    by_shard: dict[int, list[dict]] = {}
+    for r in rows:
+        by_shard.setdefault(shard_of(r["doc_id"], n_shards), []).append(r)
+    for s, part in by_shard.items():
+        d = os.path.join(work, "rows", shard_name(s))
+        os.makedirs(d, exist_ok=True)
+        table = pa.table({c: [r[c] for r in part] for c in ROW_COLUMNS}, schema=_ROW_SCHEMA)
+        pq.write_table(table, os.path.join(d, f"chunk-{chunk_index:06d}.parquet"))
+
+
+def _shard_rows(work: str, shard: int) -> dict:
+    """The spilled rows of ``shard`` as a dict of lists (empty lists for a shard without rows)."""
+    from funnel.pipelines.shard import shard_name
+    d = os.path.join(work, "rows", shard_name(shard))
+    files = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    if not files:
+        return {c: [] for c in ROW_COLUMNS}
+    table = pa.concat_tables([pq.read_table(os.path.join(d, f)) for f in files])
+    return table.to_pydict()
+
+
+def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, analyzer_cfg: dict,
+                progress_seconds: float = DEFAULT_INTERVAL) -> list[dict]:
+    """Read, validate and shard every chunk, then build each lexical shard; the shard summaries.
+
+    Writes what the Ray engine writes: ``docs/`` and ``lexical/`` under ``staging``, the
+    per-chunk and per-shard reject files under ``work/rejects``. Every shard in
+    ``range(n_shards)`` is built, an empty one too.
+    """
+    from funnel.pipelines.analysis import AnalyzerConfig
+    from funnel.pipelines.corpus import read_chunk
+    from funnel.pipelines.shard import build_lexical_shard
+
+    cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
+    done = {"chunks": 0, "docs": 0, "rejects": 0, "indexed": 0, "shards": 0}
+
+    def status() -> Status:
+        if done["chunks"] < len(chunks):
+            return Status("read + analyze", done["docs"], fraction=done["chunks"] / max(1, len(chunks)),
+                          detail=f"chunk {done['chunks']} of {len(chunks)}, {done['rejects']:,} rejected")
+        return Status("index shards", done["indexed"], total=done["docs"],
+                      detail=f"{done['shards']} of {n_shards} shards written")
+
+    def analyzed(n: int) -> None:
+        done["indexed"] += n
+
+    summaries = []
+    with ProgressLog(status, progress_seconds, log):
+        for chunk in chunks:
+            res = read_chunk(chunk, spec)
+            _write_chunk_rejects(work, chunk, res)
+            _spill(work, chunk.index, res.rows, n_shards)
+            done["chunks"] += 1
+            done["docs"] += len(res.rows)
+            done["rejects"] += len(res.rejects)
+        for s in range(n_shards):
+            summaries.append(build_lexical_shard(_shard_rows(work, s), s, staging, work, cfg, progress=analyzed))
+            done["shards"] += 1
+    return summaries
+
+
+def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: int = 64,
+              cache_dir: str | None = "default", n_docs: int | None = None,
+              progress_seconds: float = DEFAULT_INTERVAL) -> dict:
+    """Embed ``staging/docs`` into ``staging/dense`` in this process; the manifest's ``dense`` section.
+
+    The model runs on this process's device (CUDA when present) with torch's own thread
+    count; batches of ``batch_size`` rows go through the same :class:`EmbedBatch` (and the
+    same embedding cache) as the Ray engine's actors.
+    """
+    from funnel.jobs.embed_stage import provider_spec
+    from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
+    from funnel.pipelines.shard import shard_name
+    from funnel.pipelines.vectors import build_dense_index, write_dense_shard
+
+    embed = EmbedBatch(provider_spec(embed_model, batch_size, gpu=True), cache_dir)
+    fingerprint = embed.provider.fingerprint()
+    log.info("embed: %s documents with %s in this process (%s)", f"{n_docs:,}" if n_docs is not None else "all",
+             fingerprint["model"], getattr(embed.provider, "device", "endpoint"))
+    dense_dir = os.path.join(staging, "dense")
+    os.makedirs(dense_dir, exist_ok=True)
+    done = {"docs": 0, "cached": 0}
+
+    def status() -> Status:
+        return Status("embed", done["docs"], total=n_docs,
+                      detail=f"{done['cached']:,} from the cache" if done["cached"] else "")
+
+    with ProgressLog(status, progress_seconds, log):
+        for s in range(n_shards):
+            t = pq.read_table(os.path.join(staging, "docs", f"{shard_name(s)}.parquet"),
+                              columns=["title", "text", "content_hash", "local_id"])
+            local = t.column("local_id").to_numpy().astype(np.int64)
+            cols = {c: np.asarray(t.column(c).to_pylist(), dtype=object) for c in ("title", "text", "content_hash")}
+            parts = []
+            for i in range(0, len(local), batch_size):
+                before = embed.embedded
+                out = embed({c: v[i:i + batch_size] for c, v in cols.items()})["embedding"]
+                parts.append(out)
+                done["docs"] += len(out)
+                done["cached"] += len(out) - (embed.embedded - before)
+            vecs = np.vstack(parts) if parts else np.zeros((0, embed.provider.dim), np.float32)
+            write_dense_shard(dense_dir, s, vecs, (np.int64(s) << 32) | local)
+    log.info("faiss: building the vector index of %d shards", n_shards)
+    info = build_dense_index(dense_dir, n_shards, fingerprint=fingerprint)
+    info["fingerprint"] = fingerprint
+    if cache_dir is not None:
+        root = default_cache_root() if cache_dir == "default" else cache_dir
+        EmbeddingCache(root, fingerprint).compact()  # one segment instead of one per batch
+    return info

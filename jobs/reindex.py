@@ -1,0 +1,500 @@
+"""Reindex a published funnel index from a changed corpus: process only what changed.
+
+    python jobs/reindex.py --index INDEX_ROOT --corpus PATH [--dense] [--keep N]
+    funnel reindex --index INDEX_ROOT --corpus PATH
+    ray job submit --working-dir . -- python jobs/reindex.py --index ... --corpus ...
+
+Diffs content hashes of the new corpus against the live version (the one CURRENT names),
+keeps the term counts (and vectors) of unchanged documents, analyzes (and embeds) only new
+and changed ones, drops deleted ones, recomputes the global statistics (DF reduce in
+DuckDB, N, avgdl) and the FAISS shards, and publishes a new version atomically with the
+live one as its parent. The new version is the one a full build of the new corpus would
+publish: the same documents, local ids, postings, statistics and vectors, file for file.
+
+A corpus with no added, changed or deleted document publishes nothing ("no changes"),
+unless ``--force``. A failure at any point publishes nothing; the live version stays.
+
+Executors: ``local`` runs the stages in this process (no Ray start-up: the right choice for
+a cron job on one machine, where a reindex of 3% of SciFact takes about a second and
+starting Ray alone costs several); ``ray`` runs each corpus chunk and each shard as a Ray
+task and embeds on a Ray Data actor pool; ``auto`` (default) picks ``ray`` when RAY_ADDRESS
+names a cluster (as under ``ray job submit``) or this process already runs Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+from funnel.jobs.build_index import (BuildError, _collect_rejects, _HelpFormatter, _init_ray, _keep_rejects,
+                                     _max_restarts, _progress_counter)
+
+log = logging.getLogger("funnel.build")
+
+EXECUTORS = ("auto", "local", "ray")
+#: Manifest keys that publish() writes; a reindex starts from the live manifest without them.
+_PUBLISH_KEYS = ("files", "created_at", "parent", "format_version", "manifest_checksum")
+
+
+@dataclass
+class ReindexReport:
+    """What a reindex did. ``version`` is None when nothing was published (no changes)."""
+
+    version: str | None
+    base_version: str
+    index_root: str
+    n_docs: int
+    n_rejects: int
+    unchanged: int
+    changed: int
+    added: int
+    deleted: int
+    shards_rebuilt: int
+    n_shards: int
+    seconds: float
+    executor: str
+    stage_seconds: dict = field(default_factory=dict)
+    rejects_path: str = ""
+    dense: dict | None = None     # vectors: reused (from the live version), from_cache, embedded
+
+    @property
+    def published(self) -> bool:
+        return self.version is not None
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "published": self.published}
+
+
+# -- executors -------------------------------------------------------------------------------
+
+
+def _pick_executor(executor: str) -> str:
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if executor != "auto":
+        return executor
+    if os.environ.get("RAY_ADDRESS"):
+        return "ray"
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return "ray"
+    return "local"
+
+
+def _map(executor: str, fn, calls: list[tuple]) -> list:
+    """``[fn(*args) for args in calls]``, here or as Ray tasks (retried by Ray on a lost worker)."""
+    if executor == "local":
+        return [fn(*args) for args in calls]
+    import ray
+    remote = ray.remote(num_cpus=1)(fn)
+    return ray.get([remote.remote(*args) for args in calls])
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _live_version(root: str) -> tuple[str, str, dict]:
+    """(version, its folder, its verified manifest); clear errors for what cannot be reindexed."""
+    from funnel.pipelines.artifacts import IndexFormatError, read_current, verify_version
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"index root {root!r} does not exist: reindex updates a published index; "
+                                f"build one first with `funnel build --corpus PATH --out {root}`")
+    cur = read_current(root)
+    if cur is None:
+        raise IndexFormatError(f"{root!r} has no live version (no CURRENT): nothing to reindex; build one "
+                               f"first with `funnel build --corpus PATH --out {root}`")
+    vdir = os.path.join(root, cur)
+    if not os.path.isdir(vdir):
+        raise IndexFormatError(f"{root!r}: CURRENT names {cur}, which does not exist; run a full build")
+    # Every file the reindex reuses is checked against its sha256 first: a damaged live
+    # version must not be copied into the next one.
+    return cur, vdir, verify_version(vdir, mode="full")
+
+
+def _check_reusable(manifest: dict, vdir: str) -> None:
+    from funnel.pipelines.analysis import Analyzer
+    live, now = manifest.get("analyzer") or {}, Analyzer().describe()
+    if live.get("fingerprint") != now["fingerprint"]:
+        raise BuildError(f"{vdir} was analyzed with {live} and this funnel analyzes with {now}: its postings "
+                         "cannot be reused. Run a full build (funnel build) instead")
+    if manifest.get("enrichment"):
+        raise BuildError(f"{vdir} holds SIRA enrichments, which reindex does not carry over yet: run a full build")
+    if not manifest.get("shards"):
+        raise BuildError(f"{vdir}: its manifest lists no shards; run a full build")
+
+
+# -- the dense stage ---------------------------------------------------------------------------
+
+
+def _ray_gpus() -> int:
+    import ray
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def _embed_spec(manifest: dict, embed_model: str | None, batch_size: int, gpu: bool) -> tuple[dict, dict | None]:
+    """(provider spec, the live version's model fingerprint or None) for the dense stage.
+
+    ``gpu`` False pins the model to the CPU with one thread (Ray's CPU actors), as the build does.
+    """
+    from funnel.jobs.embed_stage import DEFAULT_MODEL, provider_spec
+    live_fp = (manifest.get("dense") or {}).get("fingerprint")
+    if embed_model is None and live_fp:
+        embed_model = ("openai:" + live_fp["model"]) if live_fp.get("kind") == "openai" else live_fp["model"]
+    spec = provider_spec(embed_model or DEFAULT_MODEL, batch_size, gpu)
+    return spec, live_fp
+
+
+def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | None, batch_size: int,
+                       fingerprint: dict | None) -> tuple[int, dict]:
+    """Embed every row of ``delta/*.parquet`` in this process; (embedded, model fingerprint).
+
+    With the model's ``fingerprint`` known (the live version's), a shard whose vectors
+    are all in the embedding cache is served from it without loading the model.
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
+    from funnel.pipelines.vectors import write_dense_shard
+    cache = None
+    if fingerprint is not None and cache_dir is not None:
+        cache = EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint)
+    eb = None
+    for name in sorted(os.listdir(delta_dir)):
+        t = pq.read_table(os.path.join(delta_dir, name))
+        shard = int(t.column("shard")[0].as_py())
+        local = t.column("local_id").to_numpy()
+        cols = {c: np.asarray(t.column(c).to_pylist(), dtype=object) for c in ("title", "text", "content_hash")}
+        found, vecs = cache.get_many(list(cols["content_hash"])) if cache is not None else (None, None)
+        if found is None or not found.all():
+            eb = eb or EmbedBatch(spec, cache_dir)
+            vecs = np.vstack([eb({c: v[i:i + batch_size] for c, v in cols.items()})["embedding"]
+                              for i in range(0, len(local), batch_size)])
+        write_dense_shard(out_dir, shard, vecs, (np.int64(shard) << 32) | local)
+    return (eb.embedded, eb.provider.fingerprint()) if eb is not None else (0, fingerprint)
+
+
+def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | None, batch_size: int,
+                     n_rows: int, actor_options: dict) -> tuple[int, int]:
+    """Embed ``delta/*.parquet`` on a Ray Data actor pool, as the build's dense stage does."""
+    import warnings
+
+    import ray
+
+    from funnel.jobs.embed_stage import _counted_embed_cls, _write_group_fn
+    counter = _progress_counter()
+    gpus = _ray_gpus()
+    if gpus > 0:
+        n_actors, res = gpus, {"num_gpus": 1}
+    else:
+        n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
+    n_actors = max(1, min(n_actors, -(-n_rows // batch_size)))
+    ds = ray.data.read_parquet(delta_dir).repartition(max(1, min(4 * n_actors, -(-n_rows // batch_size))))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(_counted_embed_cls(), fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
+                                                                       "counter": counter},
+                            batch_size=batch_size, batch_format="numpy",
+                            compute=ray.data.ActorPoolStrategy(size=n_actors), **res, **actor_options)
+    (ds.select_columns(["shard", "local_id", "embedding"]).groupby("shard")
+     .map_groups(_write_group_fn(out_dir), batch_format="numpy").take_all())
+    c = ray.get(counter.get.remote(), timeout=30).get("embed", {})
+    return int(c.get("docs", 0)), int(c.get("docs", 0)) - int(c.get("cached", 0))
+
+
+def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, live_fp: dict | None,
+                 reuse_live: bool, executor: str, cache_dir: str | None, batch_size: int,
+                 actor_options: dict) -> dict:
+    """Vectors of every document (reused or embedded), then the FAISS shards; the manifest's dense section."""
+    import numpy as np
+
+    from funnel.pipelines.reindex import assemble_vectors
+    from funnel.pipelines.vectors import build_dense_index, write_dense_shard
+    delta_dir, emb_dir = os.path.join(work, "delta"), os.path.join(work, "delta-emb")
+    n_delta = sum(r["to_embed"] for r in shard_rows)
+    embedded, fingerprint = 0, live_fp if reuse_live else None
+    if n_delta:
+        if executor == "ray":
+            _, embedded = _embed_delta_ray(delta_dir, emb_dir, spec, cache_dir, batch_size, n_delta, actor_options)
+        else:
+            embedded, fingerprint = _embed_delta_local(delta_dir, emb_dir, spec, cache_dir, batch_size, fingerprint)
+    if fingerprint is None:  # Ray embedded it (or nothing was): ask the model once, here
+        from funnel.pipelines.embed import make_provider
+        fingerprint = make_provider(spec).fingerprint()
+    dim = int(fingerprint["dim"])
+    dense_dir = os.path.join(staging, "dense")
+    for r in shard_rows:
+        s = int(r["shard"])
+        ids_p, emb_p = os.path.join(emb_dir, f"ids-{s:04d}.npy"), os.path.join(emb_dir, f"emb-{s:04d}.npy")
+        have = os.path.exists(ids_p)
+        vecs, docnos = assemble_vectors(work, s, int(r["n_docs"]), dim, np.load(ids_p) if have else None,
+                                        np.load(emb_p) if have else None)
+        write_dense_shard(dense_dir, s, vecs, docnos)
+    info = build_dense_index(dense_dir, len(shard_rows), fingerprint=fingerprint)
+    info["fingerprint"] = fingerprint
+    if cache_dir is not None and embedded:
+        from funnel.pipelines.embed import EmbeddingCache, default_cache_root
+        EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint).compact()
+    reused = sum(r["vectors_reused"] for r in shard_rows)
+    log.info("dense: %d vectors reused from the live version, %d from the embedding cache, %d embedded",
+             reused, n_delta - embedded, embedded)
+    return info, {"reused": reused, "from_cache": n_delta - embedded, "embedded": embedded}
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+
+def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versions: int | None = None,
+            fmt: str | None = None, id_field: str | None = None, title_field: str | None = None,
+            text_field: str | None = None, strict: bool = False, force: bool = False,
+            embed_model: str | None = None, embed_batch_size: int = 64, executor: str = "auto",
+            num_cpus: int | None = None, chunk_bytes: int = 4 << 20,
+            embed_cache: str | None = "default") -> ReindexReport:
+    """Publish the next version of ``index_root`` for ``corpus``, reusing the live version.
+
+    Parameters
+    ----------
+    index_root : str
+        An index with a live version (CURRENT); its shard count, analyzer and corpus
+        format settings are kept.
+    corpus : str
+        The new corpus, in full (documents absent from it are deleted).
+    dense : bool, optional
+        Vectors and FAISS shards; default: as the live version.
+    keep_versions : int, optional
+        After publishing, delete all but the newest N versions (never the live one).
+    fmt, id_field, title_field, text_field : str, optional
+        Corpus reading options; default: the live version's.
+    strict : bool
+        Publish nothing if any row is rejected.
+    force : bool
+        Publish even when no document was added, changed or deleted.
+    embed_model : str, optional
+        Default: the live version's model (all-MiniLM-L6-v2 if it has none). Another
+        model re-embeds every document (through the embedding cache).
+    executor : {"auto", "local", "ray"}
+        See the module docstring.
+    embed_cache : str, optional
+        Embedding cache root; ``"default"`` is ``$FUNNEL_CACHE/embeddings``, None: off.
+
+    Returns
+    -------
+    ReindexReport
+        ``version`` is None when nothing changed (and ``force`` is off).
+
+    Raises
+    ------
+    FileNotFoundError
+        The index root or the corpus does not exist.
+    IndexFormatError
+        The root has no live version, or the live version is damaged.
+    BuildError
+        Nothing to publish (every row rejected, ``--strict``), or the live version
+        cannot be reused (another analyzer): run a full build.
+    """
+    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
+    from funnel.pipelines.corpus import CorpusSpec, plan_chunks
+    from funnel.pipelines.postings import finalize_shard
+    from funnel.pipelines.reindex import reindex_shard, spill_chunk
+    from funnel.pipelines.shard import combine_fingerprints, shard_name
+    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
+
+    if keep_versions is not None and keep_versions < 1:
+        raise ValueError(f"--keep must be at least 1 (the live version is always kept), got {keep_versions}")
+    t0 = time.time()
+    timings: dict[str, float] = {}
+    root = os.path.abspath(index_root)
+    base, vdir, live = _live_version(root)
+    _check_reusable(live, vdir)
+    live_spec = (live.get("corpus") or {}).get("spec") or {}
+    spec = CorpusSpec(path=corpus, format=fmt or live_spec.get("format", "auto"),
+                      id_field=id_field if id_field is not None else live_spec.get("id_field"),
+                      title_field=title_field or live_spec.get("title_field", "title"),
+                      text_field=text_field or live_spec.get("text_field", "text"))
+    chunks = plan_chunks(spec, target_bytes=chunk_bytes)  # a missing corpus fails here, before any write
+    n_shards = len(live["shards"])
+    want_dense = bool(live.get("dense")) if dense is None else bool(dense)
+    executor = _pick_executor(executor)
+    log.info("reindex %s (live %s, %d shards) from %s: %d chunks, executor %s", root, base, n_shards, corpus,
+             len(chunks), executor)
+
+    staging = new_staging_dir(root)
+    work = os.path.join(root, ".work-" + os.path.basename(staging).split("-", 1)[1])
+    os.makedirs(work)
+    try:
+        ray_info = {"cluster": "none", "executor": "local"}
+        actor_options: dict = {}
+        if executor == "ray":
+            ray_info = {**_init_ray(num_cpus), "executor": "ray"}
+            actor_options = _max_restarts(ray_info)
+        # In this process the model picks its device (CUDA if present); Ray's CPU actors get one thread.
+        any_device = executor == "local" or _ray_gpus() > 0
+        spec_embed, live_fp = _embed_spec(live, embed_model, embed_batch_size, any_device)
+        vectors = "none"
+        if want_dense:
+            same_model = live_fp is not None and (embed_model is None or _fingerprint_of(spec_embed) == live_fp)
+            vectors = "reuse" if same_model else "all"
+            if live_fp is not None and not same_model:
+                log.warning("embedding model changed (%s -> %s): every document is embedded again (cached "
+                            "vectors are used where present)", live_fp.get("model"), spec_embed["model"])
+
+        t = time.time()
+        read = _map(executor, spill_chunk, [(c.to_dict(), spec.to_dict(), n_shards, work) for c in chunks])
+        timings["read"] = round(time.time() - t, 2)
+        t = time.time()
+        analyzer = Analyzer()
+        shard_rows = _map(executor, reindex_shard, [(s, work, vdir, staging, analyzer.config.to_dict(), vectors)
+                                                    for s in range(n_shards)])
+        shard_rows.sort(key=lambda r: r["shard"])
+        timings["diff_shards"] = round(time.time() - t, 2)
+        diff = {k: sum(int(r[k]) for r in shard_rows) for k in ("unchanged", "changed", "added", "deleted")}
+        rebuilt = sum(1 for r in shard_rows if not r["copied"])
+        n_docs = sum(int(r["n_docs"]) for r in shard_rows)
+        n_rejects = _collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
+        log.info("reindex: %d unchanged, %d changed, %d added, %d deleted; %d rejected; %d of %d shards rebuilt",
+                 diff["unchanged"], diff["changed"], diff["added"], diff["deleted"], n_rejects, rebuilt, n_shards)
+        if n_docs == 0:
+            kept, _ = _keep_rejects(work, root, staging)
+            raise BuildError(f"no valid documents in {corpus}: all {sum(r['rows'] + r['rejects'] for r in read)} "
+                             f"rows were rejected; nothing published. The reasons are in {kept}")
+        if strict and n_rejects:
+            import json
+            with open(os.path.join(staging, "rejects.jsonl")) as f:
+                first = [json.loads(line) for _, line in zip(range(3), f)]
+            raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
+        no_change = not (diff["changed"] or diff["added"] or diff["deleted"]) and \
+            want_dense == bool(live.get("dense")) and vectors != "all"
+        if no_change and not force:
+            if n_rejects:
+                log.warning("%d rows of %s rejected (reasons not kept: nothing was published; --force publishes "
+                            "a version with its rejects.jsonl)", n_rejects, corpus)
+            release_staging(staging, remove=True)
+            secs = round(time.time() - t0, 2)
+            return ReindexReport(None, base, root, n_docs, n_rejects, **diff, shards_rebuilt=0, n_shards=n_shards,
+                                 seconds=secs, executor=executor, stage_seconds=timings)
+
+        t = time.time()
+        term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(n_shards)]
+        stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
+        global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+        for s in range(n_shards):
+            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms)
+        del global_terms
+        timings["df_reduce"] = round(time.time() - t, 2)
+
+        manifest = {k: v for k, v in live.items() if k not in _PUBLISH_KEYS}
+        manifest.update({
+            "corpus": {"source": corpus, "spec": spec.to_dict(),
+                       "fingerprint": combine_fingerprints([r["fingerprint_sum"] for r in shard_rows]),
+                       "n_docs": n_docs, "n_rejects": n_rejects},
+            "analyzer": analyzer.describe(),
+            "collection": stats.to_dict(),
+            "shards": [{"shard": s, "n_docs": int(r["n_docs"]), "total_terms": int(r["total_terms"]),
+                        "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
+            "dense": None,
+            "build": {"seconds": None, "stages": timings, "ray": ray_info},
+        })
+        vec_counts = None
+        if want_dense:
+            t = time.time()
+            manifest["dense"], vec_counts = _dense_stage(staging, work, shard_rows, spec_embed, live_fp,
+                                                         vectors == "reuse", executor, embed_cache,
+                                                         embed_batch_size, actor_options)
+            timings["dense"] = round(time.time() - t, 2)
+        manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
+        manifest["build"]["seconds"] = round(time.time() - t0, 2)
+        version = publish(root, staging, manifest, keep=keep_versions)
+    except BaseException:
+        release_staging(staging, remove=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    secs = round(time.time() - t0, 2)
+    log.info("published %s/%s (parent %s): %d docs, %d rejects, %.1fs", root, version, base, n_docs, n_rejects, secs)
+    return ReindexReport(version, base, root, n_docs, n_rejects, **diff, shards_rebuilt=rebuilt, n_shards=n_shards,
+                         seconds=secs, executor=executor, stage_seconds=timings,
+                         rejects_path=os.path.join(root, version, "rejects.jsonl"), dense=vec_counts)
+
+
+def _fingerprint_of(spec: dict) -> dict:
+    from funnel.pipelines.embed import make_provider
+    return make_provider(spec).fingerprint()
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The reindex options (``funnel reindex`` and this script)."""
+    p.add_argument("--index", required=True, metavar="INDEX_ROOT", help="INDEX_ROOT of a published index (the folder holding CURRENT) (required)")
+    p.add_argument("--corpus", required=True, metavar="PATH",
+                   help="the whole new corpus, in any format the build reads; documents absent from it are "
+                        "deleted (required)")
+    p.add_argument("--dense", dest="dense", action="store_true", default=None,
+                   help="keep or add vectors and FAISS shards (default: as the live version)")
+    p.add_argument("--no-dense", dest="dense", action="store_false", help="publish without vectors")
+    p.add_argument("--keep", "--keep-versions", dest="keep_versions", type=int, default=None, metavar="N",
+                   help="after publishing, delete all but the newest N versions, never the live one "
+                        "(default: keep all)")
+    p.add_argument("--force", action="store_true",
+                   help="publish a new version even when no document was added, changed or deleted")
+    p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
+    p.add_argument("--format", dest="fmt", default=None, choices=["auto", "beir", "jsonl", "parquet"],
+                   help="corpus format (default: the live version's)")
+    p.add_argument("--id-field", default=None, help="the document id field (default: the live version's)")
+    p.add_argument("--title-field", default=None, help="the title field (default: the live version's)")
+    p.add_argument("--text-field", default=None, help="the text field (default: the live version's)")
+    p.add_argument("--embed-model", default=None,
+                   help="embedding model for --dense (default: the live version's, else all-MiniLM-L6-v2); "
+                        "another model re-embeds every document")
+    p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
+    p.add_argument("--executor", default="auto", choices=EXECUTORS,
+                   help="where the stages run: this process (local), Ray tasks (ray), or auto: ray when "
+                        "RAY_ADDRESS is set (ray job submit), else local (default: auto)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="CPUs of a local Ray that --executor ray starts (default: all of this machine's)")
+
+
+def describe_report(rep: ReindexReport) -> str:
+    diff = (f"{rep.unchanged} unchanged, {rep.changed} changed, {rep.added} added, {rep.deleted} deleted, "
+            f"{rep.n_rejects} rejected")
+    if not rep.published:
+        return (f"no changes: {rep.index_root}/{rep.base_version} stays live ({diff}; {rep.seconds:.1f}s); "
+                "nothing published (--force publishes anyway)")
+    lines = [f"published {rep.index_root}/{rep.version} (parent {rep.base_version}): {rep.n_docs} documents; "
+             f"{diff}; {rep.shards_rebuilt} of {rep.n_shards} shards rebuilt; {rep.seconds:.1f}s ({rep.executor})"]
+    if rep.dense:
+        lines.append(f"  dense: {rep.dense['reused']} vectors reused, {rep.dense['from_cache']} from the cache, "
+                     f"{rep.dense['embedded']} embedded")
+    return "\n".join(lines)
+
+
+def run_from_args(a: argparse.Namespace) -> ReindexReport:
+    rep = reindex(a.index, a.corpus, dense=a.dense, keep_versions=a.keep_versions, fmt=a.fmt, id_field=a.id_field,
+                  title_field=a.title_field, text_field=a.text_field, strict=a.strict, force=a.force,
+                  embed_model=a.embed_model, embed_batch_size=a.embed_batch_size, executor=a.executor,
+                  num_cpus=a.num_cpus)
+    print(describe_report(rep))
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    p = argparse.ArgumentParser(prog="reindex", description=__doc__.split("\n")[0], formatter_class=_HelpFormatter)
+    add_arguments(p)
+    a = p.parse_args(argv)
+    try:
+        run_from_args(a)
+    except (BuildError, FileNotFoundError, ValueError) as e:  # IndexFormatError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Incremental reindexing: rebuild a shard from the live version plus the new corpus's rows.
+
+Pure (no Ray): ``jobs/reindex.py`` runs :func:`spill_chunk` once per corpus chunk and
+:func:`reindex_shard` once per shard, in this process or as Ray tasks. Tests call them
+directly.
+
+Why the result is the full build's, byte for byte: documents go to the shard
+``shard_of(doc_id)`` names (the live version's shard count), duplicates are dropped as
+the build drops them (first in corpus order wins), and a shard's documents keep corpus
+order, so every document gets the ``local_id`` a full build would give it. A document
+whose ``content_hash`` matches the live version keeps its term counts and length, read
+back from the live postings; only new and changed documents are analyzed. The postings
+are then re-sorted exactly as :func:`funnel.pipelines.postings.build_postings` sorts
+them (terms in code point order, doc ids ascending within a term). A shard whose
+documents are all unchanged and in the same order is copied as it is.
+
+Work files (``WORK`` is the reindex's ``INDEX_ROOT/.work-<id>``)::
+
+    rows/shard-NNNN/chunk-CCCCCC.arrow     the new corpus's valid rows, hash-partitioned (Arrow IPC)
+    rejects/chunk-CCCCCC.json, shard-NNNN.json   the build's reject files (same format)
+    dense/part-NNNN.npy                    a shard's vectors reused from the live version
+    delta/shard-NNNN.parquet               its documents that still need a vector
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .analysis import Analyzer, AnalyzerConfig
+from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
+from .postings import POSTING_FILES, ShardPostings, write_shard
+from .shard import corpus_fingerprint_part, shard_name
+
+ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line")
+_ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
+                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64())])
+_DELTA_SCHEMA = pa.schema([("shard", pa.int64()), ("local_id", pa.int64()), ("title", pa.string()),
+                           ("text", pa.string()), ("content_hash", pa.string())])
+
+
+# -- pass 1: read the new corpus, partition its rows ---------------------------------------
+
+
+def spill_chunk(chunk: dict, spec: dict, n_shards: int, work_dir: str) -> dict:
+    """Read and validate one chunk; write its rows per shard and its rejects (the build's format).
+
+    Returns ``{"chunk", "rows", "rejects"}`` counts.
+    """
+    c = Chunk(**chunk)
+    res = read_chunk(c, CorpusSpec(**spec))
+    os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
+    with open(os.path.join(work_dir, "rejects", f"chunk-{c.index:06d}.json"), "w") as f:
+        json.dump({"chunk": c.index, "path": c.path, "lines": res.lines, "rows": len(res.rows),
+                   "rejects": res.rejects}, f)
+    by_shard: dict[int, list[dict]] = {}
+    for r in res.rows:
+        by_shard.setdefault(shard_of(r["doc_id"], n_shards), []).append(r)
+    for s, rows in by_shard.items():
+        d = os.path.join(work_dir, "rows", shard_name(s))
+        os.makedirs(d, exist_ok=True)
+        table = pa.table({k: [r[k] for r in rows] for k in ROW_COLUMNS}, schema=_ROW_SCHEMA)
+        # Arrow IPC, uncompressed: a work file read once, where Parquet's encoding costs more than it saves.
+        with pa.OSFile(os.path.join(d, f"chunk-{c.index:06d}.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, _ROW_SCHEMA) as writer:
+            writer.write_table(table)
+    return {"chunk": c.index, "rows": len(res.rows), "rejects": len(res.rejects)}
+
+
+def read_spilled_rows(work_dir: str, shard: int) -> pa.Table:
+    """The rows :func:`spill_chunk` wrote for ``shard`` (any order), one chunk per column."""
+    d = os.path.join(work_dir, "rows", shard_name(shard))
+    files = sorted(os.path.join(d, n) for n in os.listdir(d)) if os.path.isdir(d) else []
+    tables = []
+    for f in files:
+        with pa.OSFile(f, "rb") as source:
+            tables.append(pa.ipc.open_file(source).read_all())
+    return pa.concat_tables(tables).combine_chunks() if tables else _ROW_SCHEMA.empty_table()
+
+
+def dedupe_rows(rows: dict[str, Sequence] | pa.Table) -> tuple[list[int], list[dict]]:
+    """Row positions to keep, in corpus order (chunk, line), and the duplicate-id rejects.
+
+    The first occurrence of an id wins, as in :func:`funnel.pipelines.shard.build_lexical_shard`;
+    the rejects have its format (``first`` = where the kept copy is).
+    """
+    if isinstance(rows, pa.Table):
+        rows = {"doc_id": rows.column("doc_id").to_pylist(), "chunk": rows.column("chunk").to_numpy(),
+                "line": rows.column("line").to_numpy()}
+    n = len(rows["doc_id"])
+    if not n:
+        return [], []
+    chunk, line = np.asarray(rows["chunk"], dtype=np.int64), np.asarray(rows["line"], dtype=np.int64)
+    order = np.lexsort((line, chunk))
+    seen: dict[str, tuple[int, int]] = {}
+    keep, rejects = [], []
+    for i in order.tolist():
+        did = str(rows["doc_id"][i])
+        where = (int(chunk[i]), int(line[i]))
+        if did in seen:
+            rejects.append({"chunk": where[0], "line": where[1], "doc_id": did,
+                            "reason": "duplicate id", "first": list(seen[did])})
+            continue
+        seen[did] = where
+        keep.append(i)
+    return keep, rejects
+
+
+# -- the diff ----------------------------------------------------------------------------
+
+
+def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: Sequence[str],
+                   old_hashes: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Match a shard's new documents against its live ones by id and content hash.
+
+    Returns
+    -------
+    reuse : np.ndarray of int64, shape (len(old_ids),)
+        For each live document, its position among the new ones when it is unchanged
+        (same id, same content hash), else -1 (changed or deleted).
+    fresh : np.ndarray of int64
+        Positions of the new documents that must be analyzed (changed or added), ascending.
+    counts : dict
+        ``unchanged``, ``changed``, ``added``, ``deleted``.
+    """
+    old_pos = {d: i for i, d in enumerate(old_ids)}
+    reuse = np.full(len(old_ids), -1, dtype=np.int64)
+    fresh, changed, added = [], 0, 0
+    for j, (d, h) in enumerate(zip(new_ids, new_hashes)):
+        i = old_pos.get(d)
+        if i is None:
+            added += 1
+            fresh.append(j)
+        elif old_hashes[i] != h:
+            changed += 1
+            fresh.append(j)
+        else:
+            reuse[i] = j
+    unchanged = int((reuse >= 0).sum())
+    deleted = len(old_ids) - unchanged - changed
+    return reuse, np.asarray(fresh, dtype=np.int64), {"unchanged": unchanged, "changed": changed,
+                                                      "added": added, "deleted": deleted}
+
+
+# -- postings ----------------------------------------------------------------------------
+
+
+def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.ndarray, n_docs: int,
+                   fresh: np.ndarray, fresh_tokens: Sequence[Sequence[str]]) -> ShardPostings:
+    """A shard's postings from its live postings (unchanged documents) and analyzed new ones.
+
+    Equal, array for array, to ``build_postings`` of every document's tokens in the new
+    local order: the live shard's term-major CSR is expanded to (term, doc, tf) triples,
+    live doc ids are moved to their new positions (``reuse``; -1 drops a document), the
+    fresh documents' term counts are added, and the triples are sorted by (term, doc)
+    with the vocabulary in code point order.
+
+    Parameters
+    ----------
+    old_terms : np.ndarray of object
+        The live shard's sorted vocabulary (``terms.parquet``).
+    old : dict
+        The live shard's ``indptr``, ``docs``, ``tfs``, ``doclen`` arrays.
+    reuse : np.ndarray of int64
+        From :func:`diff_documents`.
+    n_docs : int
+        Documents in the new shard.
+    fresh, fresh_tokens
+        Positions of the analyzed documents and their token lists.
+    """
+    indptr = np.asarray(old["indptr"], dtype=np.int64)
+    old_docs = np.asarray(old["docs"], dtype=np.int64)
+    term_of = np.repeat(np.arange(len(old_terms), dtype=np.int64), np.diff(indptr))
+    target = reuse[old_docs] if len(old_docs) else np.zeros(0, np.int64)
+    kept = target >= 0
+    o_term, o_doc = term_of[kept], target[kept]
+    o_tf = np.asarray(old["tfs"], dtype=np.int32)[kept]
+
+    vocab: dict[str, int] = {}
+    n_term, n_doc, n_tf = [], [], []
+    doclen = np.zeros(n_docs, dtype=np.int32)
+    live = reuse >= 0
+    doclen[reuse[live]] = np.asarray(old["doclen"], dtype=np.int32)[live]
+    for pos, toks in zip(fresh.tolist(), fresh_tokens):
+        doclen[pos] = len(toks)
+        counts: dict[str, int] = {}
+        for t in toks:
+            counts[t] = counts.get(t, 0) + 1
+        for t, c in counts.items():
+            tid = vocab.get(t)
+            if tid is None:
+                tid = vocab[t] = len(vocab)
+            n_term.append(tid)
+            n_doc.append(pos)
+            n_tf.append(c)
+    new_terms = np.empty(len(vocab), dtype=object)
+    new_terms[:] = list(vocab)
+    present = np.zeros(len(old_terms), dtype=bool)
+    present[o_term] = True
+    used_old = np.flatnonzero(present)
+    # np.unique sorts with Python's str comparison: code point order, as sorted() in build_postings.
+    terms = np.unique(np.concatenate([old_terms[used_old], new_terms])) if len(used_old) or len(new_terms) \
+        else np.empty(0, dtype=object)
+    old_gid = np.full(len(old_terms), -1, dtype=np.int64)
+    old_gid[used_old] = np.searchsorted(terms, old_terms[used_old])
+    new_gid = np.searchsorted(terms, new_terms).astype(np.int64) if len(new_terms) else np.zeros(0, np.int64)
+    # Sort by (term, doc) as one int64 key. The live postings are sorted by (term, live doc) and
+    # term ids keep their order, so they stay sorted unless the corpus reordered documents (then
+    # they are sorted again); the few fresh postings are sorted and merged in.
+    width = np.int64(n_docs + 1)
+    o_key = old_gid[o_term] * width + o_doc
+    if len(o_key) > 1 and not (np.diff(o_key) > 0).all():
+        order = np.argsort(o_key, kind="stable")
+        o_key, o_tf = o_key[order], o_tf[order]
+    n_key = new_gid[np.asarray(n_term, dtype=np.int64)] * width + np.asarray(n_doc, dtype=np.int64)
+    order = np.argsort(n_key, kind="stable")
+    n_key, n_tf = n_key[order], np.asarray(n_tf, dtype=np.int32)[order]
+    at = np.searchsorted(o_key, n_key)
+    key = np.insert(o_key, at, n_key)
+    tf = np.insert(o_tf, at, n_tf).astype(np.int32, copy=False)
+    tid, did = key // width, (key % width).astype(np.int32)
+    df = np.bincount(tid, minlength=len(terms)).astype(np.int64)
+    cf = np.bincount(tid, weights=tf, minlength=len(terms)).astype(np.int64)
+    out_indptr = np.zeros(len(terms) + 1, dtype=np.int64)
+    np.cumsum(df, out=out_indptr[1:])
+    return ShardPostings([str(t) for t in terms], df, cf, out_indptr, did, tf, doclen)
+
+
+def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:
+    """``docs/shard-NNNN.parquet`` exactly as ``build_lexical_shard`` writes it, from ``rows``
+    (doc_id, title, text, content_hash in local order)."""
+    os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
+    n = rows.num_rows
+    table = pa.table({
+        "doc_id": rows.column("doc_id"), "title": rows.column("title"), "text": rows.column("text"),
+        "content_hash": rows.column("content_hash"),
+        "shard": pa.array(np.full(n, shard, dtype=np.int32)),
+        "local_id": pa.array(np.arange(n, dtype=np.int32)),
+    })
+    pq.write_table(table, os.path.join(out_dir, "docs", f"{shard_name(shard)}.parquet"), row_group_size=8192)
+
+
+# -- pass 2: one shard -------------------------------------------------------------------
+
+
+def _read_live_docs(live_dir: str, shard: int) -> tuple[list[str], list[str]]:
+    t = pq.read_table(os.path.join(live_dir, "docs", f"{shard_name(shard)}.parquet"),
+                      columns=["doc_id", "content_hash", "local_id"])
+    local = t.column("local_id").to_numpy()
+    ids, hashes = t.column("doc_id").to_pylist(), t.column("content_hash").to_pylist()
+    if not np.array_equal(local, np.arange(len(local))):  # the build writes them in local order
+        order = np.argsort(local, kind="stable")
+        ids, hashes = [ids[i] for i in order], [hashes[i] for i in order]
+    return ids, hashes
+
+
+def _live_vectors(live_dir: str, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors memory-mapped, row of each live local id) of a live dense shard."""
+    emb = np.load(os.path.join(live_dir, "dense", f"emb-{shard:04d}.npy"), mmap_mode="r")
+    ids = np.load(os.path.join(live_dir, "dense", f"ids-{shard:04d}.npy"))
+    row = np.full(int((ids & 0xFFFFFFFF).max()) + 1 if len(ids) else 0, -1, dtype=np.int64)
+    row[ids & 0xFFFFFFFF] = np.arange(len(ids))
+    return emb, row
+
+
+def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyzer_config: dict,
+                  vectors: str = "none") -> dict:
+    """Rebuild shard ``shard`` of the new version in ``out_dir`` from the live version and the spill.
+
+    ``vectors``: ``"none"`` (no dense stage), ``"reuse"`` (take unchanged documents'
+    vectors from the live version's ``dense/``; the rest go to ``delta/``) or ``"all"``
+    (every document goes to ``delta/``: the live version has no vectors of this model).
+
+    Returns the build's shard summary (n_docs, n_docs_nonempty, total_terms, n_terms,
+    fingerprint_sum) plus the diff counts, ``copied`` (the live shard was copied as it
+    is) and ``to_embed`` / ``vectors_reused``.
+    """
+    spilled = read_spilled_rows(work_dir, shard)
+    keep, rejects = dedupe_rows(spilled)
+    os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
+    with open(os.path.join(work_dir, "rejects", f"{shard_name(shard)}.json"), "w") as f:
+        json.dump(rejects, f)
+    rows = spilled.take(pa.array(keep, pa.int64())).combine_chunks()  # local order
+    doc_ids, hashes = rows.column("doc_id").to_pylist(), rows.column("content_hash").to_pylist()
+    old_ids, old_hashes = _read_live_docs(live_dir, shard)
+    reuse, fresh, counts = diff_documents(doc_ids, hashes, old_ids, old_hashes)
+    name = shard_name(shard)
+    src, dst = os.path.join(live_dir, "lexical", name), os.path.join(out_dir, "lexical", name)
+    copied = doc_ids == old_ids and counts["unchanged"] == len(doc_ids)
+    if copied:  # the same documents in the same order: the live files are the new ones
+        os.makedirs(dst, exist_ok=True)
+        for f in POSTING_FILES + ("terms.parquet",):
+            shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+        os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
+        shutil.copyfile(os.path.join(live_dir, "docs", f"{name}.parquet"),
+                        os.path.join(out_dir, "docs", f"{name}.parquet"))
+        doclen = np.load(os.path.join(dst, "doclen.npy"))
+        n_terms = pq.ParquetFile(os.path.join(dst, "terms.parquet")).metadata.num_rows
+        nonempty, total = int(np.count_nonzero(doclen)), int(doclen.sum())
+    else:
+        analyzer = Analyzer(AnalyzerConfig(stopwords=analyzer_config["stopwords"],
+                                           stemmer=analyzer_config["stemmer"]))
+        new = _texts(rows, fresh)
+        tokens = [analyzer.analyze(f"{t}\n{x}" if t else x) for t, x in zip(new["title"], new["text"])]
+        old_terms = np.asarray(pq.read_table(os.path.join(src, "terms.parquet"), columns=["term"])
+                               .column("term").to_pylist(), dtype=object)
+        old = {f[:-4]: np.load(os.path.join(src, f), mmap_mode="r") for f in POSTING_FILES}
+        post = merge_postings(old_terms, old, reuse, len(doc_ids), fresh, tokens)
+        write_shard(dst, post)
+        write_docs_table(out_dir, shard, rows)
+        n_terms, nonempty, total = len(post.terms), int(np.count_nonzero(post.doclen)), post.total_terms
+    out = {"shard": shard, "n_docs": len(doc_ids), "n_docs_nonempty": nonempty, "total_terms": total,
+           "n_terms": n_terms, "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes), **counts,
+           "copied": bool(copied), "to_embed": 0, "vectors_reused": 0}
+    if vectors != "none":
+        out.update(_stage_vectors(shard, work_dir, live_dir, reuse, rows, reuse_live=(vectors == "reuse")))
+    return out
+
+
+def _texts(rows: pa.Table, positions: np.ndarray) -> dict[str, list]:
+    """Title, text and content hash of the rows at ``positions``, as Python lists."""
+    sel = rows.take(pa.array(positions, pa.int64()))
+    return {c: sel.column(c).to_pylist() for c in ("title", "text", "content_hash")}
+
+
+def _stage_vectors(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray, rows: pa.Table,
+                   reuse_live: bool) -> dict:
+    """Write ``dense/part-NNNN.npy`` (reused vectors, zero rows elsewhere) and ``delta/``."""
+    n = rows.num_rows
+    need = np.ones(n, dtype=bool)
+    if reuse_live:
+        emb, row = _live_vectors(live_dir, shard)
+        part = np.zeros((n, emb.shape[1]), dtype=np.float32)
+        live = np.flatnonzero(reuse >= 0)
+        live = live[(live < len(row))]
+        live = live[row[live] >= 0]
+        part[reuse[live]] = emb[row[live]]
+        need[reuse[live]] = False
+        os.makedirs(os.path.join(work_dir, "dense"), exist_ok=True)
+        np.save(os.path.join(work_dir, "dense", f"part-{shard:04d}.npy"), part, allow_pickle=False)
+    todo = np.flatnonzero(need)
+    if len(todo):
+        os.makedirs(os.path.join(work_dir, "delta"), exist_ok=True)
+        table = pa.table({"shard": [shard] * len(todo), "local_id": todo.tolist(), **_texts(rows, todo)},
+                         schema=_DELTA_SCHEMA)
+        pq.write_table(table, os.path.join(work_dir, "delta", f"{shard_name(shard)}.parquet"))
+    return {"to_embed": int(len(todo)), "vectors_reused": int(n - len(todo))}
+
+
+def assemble_vectors(work_dir: str, shard: int, n_docs: int, dim: int,
+                     delta_ids: np.ndarray | None, delta_vecs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A shard's (vectors, docnos) in local order: the reused part plus the freshly embedded rows.
+
+    ``delta_ids`` are docnos (``shard << 32 | local_id``) of ``delta_vecs``' rows.
+    """
+    p = os.path.join(work_dir, "dense", f"part-{shard:04d}.npy")
+    vecs = np.load(p) if os.path.exists(p) else np.zeros((n_docs, dim), dtype=np.float32)
+    filled = np.zeros(n_docs, dtype=bool)
+    if os.path.exists(p):
+        filled[:] = True
+        d = os.path.join(work_dir, "delta", f"{shard_name(shard)}.parquet")
+        if os.path.exists(d):
+            filled[pq.read_table(d, columns=["local_id"]).column("local_id").to_numpy()] = False
+    if delta_ids is not None and len(delta_ids):
+        local = np.asarray(delta_ids, dtype=np.int64) & 0xFFFFFFFF
+        vecs[local] = delta_vecs
+        filled[local] = True
+    if vecs.shape != (n_docs, dim) or not filled.all():
+        raise RuntimeError(f"shard {shard}: {int((~filled).sum())} of {n_docs} documents have no vector "
+                           f"(vectors {vecs.shape}, dim {dim})")
+    return vecs, (np.int64(shard) << 32) | np.arange(n_docs, dtype=np.int64)
