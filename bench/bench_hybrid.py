@@ -49,7 +49,8 @@ def main(argv=None):
     dirs = {ds: dataset_dir(a.data, ds) for ds in a.datasets.split(",")}
     from funnel.serving.cli import ensure_index
     from funnel.evaluation.evaluate import load_beir
-    from funnel.evaluation.metrics import evaluate, exclude_self
+    from funnel.evaluation.metrics import evaluate
+    from funnel.evaluation.trec import run_as_written
     from funnel.serving.hybrid import HybridConfig
     from funnel.serving.search import open_index
     default = HybridConfig()
@@ -73,7 +74,9 @@ def main(argv=None):
             t = time.perf_counter()
             run = ix.search_batch(queries, mode=mode, k=100, **opts)
             secs = time.perf_counter() - t
-            m, _ = evaluate(exclude_self({q: dict(h) for q, h in run.items()}), qrels,
+            # Evaluated as funnel writes the run (Anserini's tie-break for BM25), i.e. as trec_eval
+            # scores the run file: the published convention.
+            m, _ = evaluate(run_as_written({q: dict(h) for q, h in run.items()}, mode), qrels,
                             ["ndcg@10", "recall@10", "recall@100"])
             label += " (default)" if is_default(mode, opts) else ""
             rows.append((label, m, len(queries) / secs))
