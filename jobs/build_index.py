@@ -44,6 +44,7 @@ class BuildReport:
     dense: dict | None = None                    # the manifest's dense section, None without --dense
     engine: dict = field(default_factory=dict)   # the manifest's build.engine: name, requested, reason
     shard_plan: dict = field(default_factory=dict)  # the manifest's build.shards: n, requested, reason
+    enrichment: dict | None = None               # the manifest's enrichment section, None without --enrich
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -375,12 +376,42 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
         raise
 
 
+def _run_enrichment(staging: str, work: str, shards: int, settings, analyzer, stats, shard_rows: list[dict],
+                    cache_dir: str | None, progress_seconds: float) -> dict:
+    """SIRA enrichment of the staged shards (in this process for both engines: the LLM endpoint is
+    the parallel part); updates ``shard_rows`` with the enriched counts, returns the manifest section."""
+    import contextlib
+    import dataclasses
+
+    from funnel.jobs.local_engine import run_enrich
+
+    with contextlib.ExitStack() as stack:
+        if settings.base_url == "local":
+            from funnel.serving.chat import SMOLLM2_GGUF, LocalLlamaServer
+            srv = stack.enter_context(LocalLlamaServer(alias=SMOLLM2_GGUF.removesuffix(".gguf")))
+            settings = dataclasses.replace(settings, base_url=srv.base_url, model=srv.alias)
+        log.info("enrich: %s at %s, %s, tau %g, max_n %d, %d requests in flight", settings.model,
+                 settings.base_url, settings.prompt_id, settings.tau, settings.max_n, settings.concurrency)
+        section, new_rows = run_enrich(staging, work, shards, settings, analyzer.config.to_dict(),
+                                       stats.n_docs_nonempty, cache_dir=cache_dir,
+                                       progress_seconds=progress_seconds)
+    for s, row in new_rows.items():
+        shard_rows[s].update(row)
+    return section
+
+
 def build(corpus: str, out: str, shards: int | None = None, strict: bool = False, fmt: str = "auto",
           id_field: str | None = None, title_field: str = "title", text_field: str = "text",
           keep_versions: int | None = None, dense: bool = False, embed_model: str | None = None,
           embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None,
-          progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto") -> BuildReport:
+          progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto", enrich=None,
+          enrich_cache: str | None = "default") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
+
+    ``enrich`` (a :class:`funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
+    the embedded SmolLM2) adds SIRA corpus enrichment after the DF reduce
+    (:func:`funnel.jobs.local_engine.run_enrich`); ``enrich_cache`` is its cache root
+    (``"default"``: beside the embedding cache; None: no cache).
 
     ``shards`` None chooses the count from the corpus size (:func:`choose_shards`);
     ``engine`` is ``auto``, ``ray`` or ``local`` (:func:`choose_engine`). Every
@@ -457,11 +488,23 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         t = time.time()
         term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(shards)]
         stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
+        timings["df_reduce"] = round(time.time() - t, 2)
+        enrichment = None
+        if enrich is not None:
+            t = time.time()
+            enrichment = _run_enrichment(staging, work, shards, enrich, analyzer, stats, shard_rows,
+                                         enrich_cache, progress_seconds)
+            stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
+            from funnel.pipelines.enrich import write_audit
+            edir = os.path.join(work, "enrich")
+            write_audit(os.path.join(staging, "stats.duckdb"),
+                        [os.path.join(edir, f"audit-{s:04d}.parquet") for s in range(shards)],
+                        [os.path.join(edir, f"docs-{s:04d}.parquet") for s in range(shards)])
+            timings["enrich"] = round(time.time() - t, 2)
         global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
         for s in range(shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms)
         del global_terms
-        timings["df_reduce"] = round(time.time() - t, 2)
 
         manifest = {
             "kind": "funnel-index",
@@ -475,6 +518,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             "shards": [{"shard": s, "n_docs": int(r["n_docs"]), "total_terms": int(r["total_terms"]),
                         "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
             "dense": None,
+            "enrichment": enrichment,
             "build": {"seconds": None, "stages": timings, "engine": engine_info, "shards": shard_info,
                       "ray": ray_info},
         }
@@ -491,6 +535,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                                               progress_seconds=progress_seconds)
             timings["dense"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
+        if enrichment is None:
+            del manifest["enrichment"]  # an un-enriched manifest stays as it was
         version = publish(out, staging, manifest, keep=keep_versions)
     except BaseException:
         release_staging(staging, remove=True)
@@ -502,7 +548,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
              engine_name)
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
                        os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"],
-                       engine=engine_info, shard_plan=shard_info)
+                       engine=engine_info, shard_plan=shard_info, enrichment=enrichment)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -547,6 +593,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS and by --engine local "
                         "(default: all of this machine's)")
+    p.add_argument("--enrich", action="store_true",
+                   help="SIRA corpus enrichment: an LLM adds the search phrases each document lacks (DF-filtered) "
+                        "to its BM25 terms; needs --llm-base-url and --llm-model, or --llm local")
+    p.add_argument("--llm", default=None, choices=["local"],
+                   help="local: the embedded SmolLM2-135M (xllamacpp, CPU; ~1 hour for SciFact) (default: none; use --llm-base-url)")
+    p.add_argument("--llm-base-url", default=None,
+                   help="OpenAI-compatible endpoint root with /v1 (vLLM, TGI, llama.cpp, OpenAI); "
+                        "the key is read from $OPENAI_API_KEY (default: none)")
+    p.add_argument("--llm-model", default=None, help="model name sent to --llm-base-url (default: none)")
+    p.add_argument("--enrich-task", default="general",
+                   choices=["general", "qa", "factcheck", "argument", "duplicate", "citation"],
+                   help="what searchers look for, which picks the prompt")
+    p.add_argument("--enrich-tau", type=float, default=0.1,
+                   help="keep a phrase if one of its 1..max_n word windows is in at most tau*N documents")
+    p.add_argument("--enrich-max-n", type=int, default=2, help="longest phrase window and n-gram term (1-3)")
+    p.add_argument("--enrich-concurrency", type=int, default=4, help="LLM requests in flight")
+    p.add_argument("--enrich-timeout", type=float, default=60.0, help="seconds per LLM request")
+    p.add_argument("--enrich-retries", type=int, default=2, help="retries of a request that times out or gets 429/5xx")
+    p.add_argument("--enrich-cache", default="default",
+                   help="enrichment cache root (default: $FUNNEL_CACHE/enrichment, beside the embedding cache); "
+                        "'none' disables it")
     p.add_argument("--progress-seconds", type=float, default=DEFAULT_INTERVAL,
                    help="seconds between progress lines of a long stage; 0 turns them off")
 
@@ -566,17 +633,43 @@ def describe_report(rep: BuildReport) -> str:
         fp = rep.dense.get("fingerprint") or {}
         lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
                      f"{rep.dense.get('ntotal')} vectors")
+    if rep.enrichment:
+        c = rep.enrichment["counts"]
+        lines.append(f"  enrichment: {rep.enrichment['model']} ({rep.enrichment['prompt_id']}): {c['documents']} docs, "
+                     f"{c['cached']} from the cache, {c['enriched']} asked, {c['failed']} failed; "
+                     f"{c['phrases_kept']} of {c['phrases_proposed']} phrases kept "
+                     f"(funnel enrich-report {rep.index_root})")
     modes = "bm25, dense, hybrid" if rep.dense else "bm25 (build with --dense for dense and hybrid)"
     lines.append(f"  modes: {modes}")
     lines.append(f'  next:  funnel search {rep.index_root} "your question"')
     return "\n".join(lines)
 
 
+def enrich_settings_from_args(a: argparse.Namespace):
+    """The :class:`EnrichSettings` of ``--enrich ...``, or None without ``--enrich``."""
+    if not getattr(a, "enrich", False):
+        return None
+    from funnel.pipelines.enrich import EnrichSettings
+    if a.llm == "local":
+        base_url, model = "local", "local"
+    elif a.llm_base_url and a.llm_model:
+        base_url, model = a.llm_base_url, a.llm_model
+    else:
+        raise ValueError("--enrich needs an LLM: --llm-base-url URL --llm-model NAME (vLLM, TGI, llama.cpp, "
+                         "OpenAI), or --llm local for the embedded SmolLM2")
+    return EnrichSettings(base_url=base_url, model=model, task=a.enrich_task, tau=a.enrich_tau,
+                          max_n=a.enrich_max_n, concurrency=a.enrich_concurrency, timeout=a.enrich_timeout,
+                          retries=a.enrich_retries)
+
+
 def run_from_args(a: argparse.Namespace) -> BuildReport:
     rep = build(a.corpus, a.out, shards=a.shards, strict=a.strict, fmt=a.fmt, id_field=a.id_field,
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
-                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine)
+                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine,
+                enrich=enrich_settings_from_args(a),
+                enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
+                else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))
     return rep
 

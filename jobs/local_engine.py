@@ -155,3 +155,148 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
         root = default_cache_root() if cache_dir == "default" else cache_dir
         EmbeddingCache(root, fingerprint).compact()  # one segment instead of one per batch
     return info
+
+
+def run_enrich(staging: str, work: str, n_shards: int, settings, analyzer_cfg: dict, n_docs: int,
+               cache_dir: str | None = "default", progress_seconds: float = DEFAULT_INTERVAL,
+               propose=None) -> tuple[dict, dict[int, dict]]:
+    """SIRA corpus enrichment of the built shards, in this process (both engines run it here).
+
+    A second pass once the un-enriched DF is known (the DF filter needs it):
+
+    1. per shard, phrases for every document from the cache or the LLM
+       (``settings.concurrency`` requests in flight; a failure leaves the document as it is);
+    2. the un-enriched df of every window of every proposed phrase: unigrams from
+       ``staging/stats.duckdb``, n-grams (max_n >= 2) counted on the shards' documents;
+    3. per shard, the DF filter (``df <= tau·N``, N = ``n_docs``), then the shard's postings are
+       rebuilt with the kept phrases' terms appended (:func:`rebuild_lexical_shard`).
+
+    The LLM calls wait on the endpoint, which does the batching (vLLM/TGI on a GPU cluster),
+    so a bounded thread pool here keeps it as busy as Ray actors would. Returns the
+    manifest's ``enrichment`` section and, per shard, the new lexical counts; writes
+    ``work/enrich/{audit,docs}-NNNN.parquet`` for :func:`funnel.pipelines.enrich.write_audit`.
+    ``propose`` replaces the LLM client (tests).
+    """
+    import duckdb
+
+    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    from funnel.pipelines.enrich import (EnrichClient, EnrichmentCache, default_cache_root, filter_phrase,
+                                         injection_terms, ngram_doc_freq, propose_documents, windows)
+    from funnel.pipelines.shard import flat_document, rebuild_lexical_shard, shard_name
+
+    cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
+    analyzer = Analyzer(cfg)
+    cache = None
+    if cache_dir is not None:
+        cache = EnrichmentCache(default_cache_root() if cache_dir == "default" else cache_dir,
+                                settings.model, settings.prompt_id)
+    if propose is None:
+        propose = EnrichClient(settings).propose
+    edir = os.path.join(work, "enrich")
+    os.makedirs(edir, exist_ok=True)
+    counts = {"documents": 0, "cached": 0, "enriched": 0, "failed": 0, "with_kept": 0,
+              "phrases_proposed": 0, "phrases_kept": 0, "phrases_rejected": 0, "terms_injected": 0}
+    done = {"docs": 0}
+    total = sum(pq.read_metadata(os.path.join(staging, "docs", f"{shard_name(s)}.parquet")).num_rows
+                for s in range(n_shards))
+
+    def status() -> Status:
+        return Status("enrich", done["docs"], total=total,
+                      detail=f"{counts['cached']:,} from the cache, {counts['failed']:,} failed")
+
+    def tick(n: int) -> None:
+        done["docs"] += n
+
+    def docs_of(s: int) -> dict:
+        return pq.read_table(os.path.join(staging, "docs", f"{shard_name(s)}.parquet"),
+                             columns=["doc_id", "title", "text", "content_hash"]).to_pydict()
+
+    phrase_tokens: dict[str, tuple[str, ...]] = {}
+    with ProgressLog(status, progress_seconds, log):
+        for s in range(n_shards):  # 1: propose
+            d = docs_of(s)
+            cached_before = counts["cached"]
+            outs = propose_documents(list(zip(d["content_hash"], d["title"], d["text"])), propose, cache,
+                                     settings.concurrency, progress=tick)
+            for o in outs:
+                counts[o.status] += 1
+                for p in o.phrases:
+                    if p not in phrase_tokens:
+                        phrase_tokens[p] = tuple(analyzer.analyze(p))
+            done["docs"] += counts["cached"] - cached_before
+            with open(os.path.join(edir, f"proposals-{s:04d}.json"), "w") as f:
+                json.dump([[o.status, list(o.phrases), o.error] for o in outs], f)
+    counts["documents"] = total
+    if cache is not None:
+        cache.compact()
+
+    # 2: un-enriched df of every window
+    keys = {k for toks in phrase_tokens.values() for k in windows(toks, settings.max_n)}
+    uni = [k for k in keys if " " not in k]
+    con = duckdb.connect(os.path.join(staging, "stats.duckdb"), read_only=True)
+    try:
+        con.register("wanted", pa.table({"term": pa.array(uni, pa.string())}))
+        df = dict(con.execute("SELECT t.term, t.df FROM terms t JOIN wanted w ON t.term = w.term").fetchall())
+    finally:
+        con.close()
+    ngrams = {k for k in keys if " " in k}
+    if ngrams:
+        for s in range(n_shards):
+            d = docs_of(s)
+            df.update({k: df.get(k, 0) + v for k, v in ngram_doc_freq(
+                (analyzer.analyze(flat_document(t, x)) for t, x in zip(d["title"], d["text"])),
+                ngrams, settings.max_n).items()})
+
+    def df_of(key: str) -> int:
+        return int(df.get(key, 0))
+
+    # 3: filter, inject, rebuild
+    verdicts = {p: filter_phrase(toks, df_of, n_docs, settings.tau, settings.max_n)
+                for p, toks in phrase_tokens.items()}
+    new_rows: dict[int, dict] = {}
+    for s in range(n_shards):
+        d = docs_of(s)
+        with open(os.path.join(edir, f"proposals-{s:04d}.json")) as f:
+            outs = json.load(f)
+        audit = {"doc_id": [], "phrase": [], "kept": [], "reason": [], "df": []}
+        docs = {"doc_id": [], "status": [], "n_phrases": [], "n_kept": [], "error": []}
+        extra: dict[int, list[str]] = {}
+        for local, (doc_id, (st, phrases, err)) in enumerate(zip(d["doc_id"], outs)):
+            kept = 0
+            for p in phrases:
+                v = verdicts[p]
+                for col, val in zip(audit, (doc_id, p, v.kept, v.reason, v.df)):
+                    audit[col].append(val)
+                if v.kept:
+                    kept += 1
+                    extra.setdefault(local, []).extend(injection_terms(v.tokens, settings.max_n))
+            counts["phrases_proposed"] += len(phrases)
+            counts["phrases_kept"] += kept
+            counts["with_kept"] += bool(kept)
+            for col, val in zip(docs, (doc_id, st, len(phrases), kept, err or None)):
+                docs[col].append(val)
+        counts["terms_injected"] += sum(len(v) for v in extra.values())
+        pq.write_table(pa.table(audit, schema=pa.schema([("doc_id", pa.string()), ("phrase", pa.string()),
+                                                         ("kept", pa.bool_()), ("reason", pa.string()),
+                                                         ("df", pa.int64())])),
+                       os.path.join(edir, f"audit-{s:04d}.parquet"))
+        pq.write_table(pa.table(docs, schema=pa.schema([("doc_id", pa.string()), ("status", pa.string()),
+                                                        ("n_phrases", pa.int32()), ("n_kept", pa.int32()),
+                                                        ("error", pa.string())])),
+                       os.path.join(edir, f"docs-{s:04d}.parquet"))
+        new_rows[s] = rebuild_lexical_shard(staging, s, extra, cfg)
+    counts["phrases_rejected"] = counts["phrases_proposed"] - counts["phrases_kept"]
+    if counts["failed"]:
+        log.warning("enrichment: %d of %d documents failed and stay unenriched (see `funnel enrich-report`); "
+                    "a rebuild retries only them", counts["failed"], total)
+    log.info("enrichment: %d documents (%d from the cache, %d asked, %d failed); %d of %d phrases kept",
+             total, counts["cached"], counts["enriched"], counts["failed"], counts["phrases_kept"],
+             counts["phrases_proposed"])
+    section = {**settings.describe(), "fields": ["lexical"], "unenriched": ["docs", "dense"],
+               "injection": "kept phrases analyzed, unigrams + 2..max_n n-gram terms appended to the "
+                            "document's tokens (length grows)",
+               "df_filter": "keep if some 1..max_n window has df <= tau*N on the un-enriched corpus",
+               "n_docs": n_docs, "counts": counts}
+    if settings.base_url.startswith(("http://127.", "http://localhost")):
+        section["base_url"] = "loopback"
+    return section, new_rows

@@ -56,10 +56,9 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
     titles = [str(rows["title"][i]) for i in keep]
     texts = [str(rows["text"][i]) for i in keep]
     hashes = [str(rows["content_hash"][i]) for i in keep]
-    # Pyserini's BEIR "flat" documents: title and text joined by a newline.
     tokens = []
     for t, x in zip(titles, texts):
-        tokens.append(analyzer.analyze(f"{t}\n{x}" if t else x))
+        tokens.append(analyzer.analyze(flat_document(t, x)))
         if progress is not None and len(tokens) % PROGRESS_EVERY == 0:
             progress(PROGRESS_EVERY)
     if progress is not None and len(tokens) % PROGRESS_EVERY:
@@ -82,6 +81,34 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
             "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
             "total_terms": post.total_terms, "n_terms": len(post.terms),
             "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes)}
+
+
+def flat_document(title: str, text: str) -> str:
+    """The indexed text: Pyserini's BEIR "flat" document, title and text joined by a newline."""
+    return f"{title}\n{text}" if title else text
+
+
+def rebuild_lexical_shard(out_dir: str, shard: int, extra_tokens: dict[int, list[str]],
+                          analyzer_config: AnalyzerConfig | None = None) -> dict:
+    """Rewrite ``lexical/shard-NNNN/`` from ``docs/shard-NNNN.parquet`` with ``extra_tokens[local_id]``
+    appended to those documents' analyzed tokens (SIRA corpus enrichment); the new counts.
+
+    The stored documents, their order and local ids are unchanged; the returned dict has the
+    lexical keys of :func:`build_lexical_shard`'s summary (n_docs, n_docs_nonempty,
+    total_terms, n_terms), which replace the un-enriched ones.
+    """
+    analyzer = Analyzer(analyzer_config)
+    name = shard_name(shard)
+    t = pq.read_table(os.path.join(out_dir, "docs", f"{name}.parquet"), columns=["title", "text", "local_id"])
+    order = t.column("local_id").to_pylist()
+    if order != list(range(len(order))):
+        raise RuntimeError(f"{name}: local ids of the stored documents are not 0..n-1")
+    tokens = [analyzer.analyze(flat_document(ti, x)) + list(extra_tokens.get(i, ()))
+              for i, (ti, x) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist()))]
+    post = build_postings(tokens)
+    write_shard(os.path.join(out_dir, "lexical", name), post)
+    return {"n_docs": len(tokens), "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
+            "total_terms": post.total_terms, "n_terms": len(post.terms)}
 
 
 def corpus_fingerprint_part(doc_ids: list[str], hashes: list[str]) -> str:

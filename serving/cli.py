@@ -400,6 +400,25 @@ def cmd_verify(a) -> int:
     return 0
 
 
+def cmd_enrich_report(a) -> int:
+    from funnel.pipelines.artifacts import read_current
+    from funnel.pipelines.enrich import enrichment_report, format_report
+    vdir = a.index
+    if not os.path.exists(os.path.join(vdir, "manifest.json")):
+        cur = read_current(a.index)
+        if cur is None:
+            print(f"{a.index}: no published version (no CURRENT); build it first", file=sys.stderr)
+            return 2
+        vdir = os.path.join(a.index, cur)
+    try:
+        rep = enrichment_report(vdir, top=a.top, examples=a.examples)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rep, indent=1, ensure_ascii=False) if a.json else format_report(rep))
+    return 0
+
+
 def cmd_gc(a) -> int:
     from funnel.pipelines.artifacts import gc
     rep = gc(a.index, keep=a.keep)
@@ -659,6 +678,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep", type=int, default=None,
                    help="keep this many newest versions, never removing the one CURRENT names (default: keep all)")
     g.set_defaults(fn=cmd_gc)
+
+    er = sub.add_parser("enrich-report", parents=[common], formatter_class=_HelpFormatter,
+                        help="what SIRA corpus enrichment did: counts, most frequent injected phrases, examples")
+    er.add_argument("index", help="INDEX_ROOT or one version folder")
+    er.add_argument("--top", type=int, default=20, help="injected phrases and failure reasons listed")
+    er.add_argument("--examples", type=int, default=5, help="enriched documents shown with every proposal")
+    er.add_argument("--json", action="store_true", help="the report as JSON")
+    er.set_defaults(fn=cmd_enrich_report)
 
     sv = sub.add_parser("serve", parents=[common], formatter_class=_HelpFormatter,
                         help="HTTP API (FastAPI) on 127.0.0.1")
