@@ -19,6 +19,12 @@ candidate is dropped as soon as its partial score plus the remaining bounds fall
 exhaustive scoring, so the pruned scores are bit-identical to exhaustive ones; bounds are
 inflated by 1e-9 relative so rounding can never prune a document that would tie.
 
+The k best are kept in one size-k heap ordered by the ranking itself (score, then
+``id_rank``), shared by all shards, so no per-shard candidate lists are merged. The
+exhaustive loop indexes with unsigned integers: numba then emits no negative-index
+wraparound per access (about half the loop's cost). ``search_batch`` runs many queries
+(flat term-id arrays, CSR) through ``search_shards`` in one call.
+
 Tests run this against the NumPy reference (and pruned against exhaustive) and require
 identical rankings; ``FUNNEL_NUMBA=0`` turns the kernels off.
 """
@@ -113,10 +119,6 @@ if HAVE_NUMBA:
         return heap[0]
 
     @njit(cache=True, nogil=True)
-    def _kth_largest(vals, k):
-        return _kth_of(vals, np.arange(vals.shape[0]), vals.shape[0], k)
-
-    @njit(cache=True, nogil=True)
     def _gallop(docs, p, end, target):
         """First position in [p, end) with docs[pos] >= target (end when none)."""
         if p >= end or docs[p] >= target:
@@ -148,11 +150,88 @@ if HAVE_NUMBA:
         x = np.float64(tf)
         return x / (x + table[c])
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _heap_push(hv, hr, hd, n, v, r, d):
+        """Offer (score v, id rank r, docno d) to the top-k heap of ``n`` entries (k = its size);
+        returns the new count. The root is the worst kept entry: lowest score, then highest
+        rank; so the heap holds exactly the k best by (score descending, rank ascending)."""
+        k = hv.shape[0]
+        if n < k:
+            i = n
+            while i > 0:  # sift up while the parent ranks better than the new entry
+                par = (i - 1) >> 1
+                pv = hv[par]
+                if pv < v or (pv == v and hr[par] > r):
+                    break
+                hv[i] = pv
+                hr[i] = hr[par]
+                hd[i] = hd[par]
+                i = par
+            hv[i] = v
+            hr[i] = r
+            hd[i] = d
+            return n + 1
+        if v < hv[0] or (v == hv[0] and r > hr[0]):
+            return n
+        _sift_down(hv, hr, hd, 0, k, v, r, d)
+        return n
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _sift_down(hv, hr, hd, i, n, v, r, d):
+        """Place (v, r, d) at slot ``i`` of a heap of ``n`` entries, moving worse children up."""
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and (hv[c + 1] < hv[c] or (hv[c + 1] == hv[c] and hr[c + 1] > hr[c])):
+                c += 1
+            cv = hv[c]
+            if cv > v or (cv == v and hr[c] < r):
+                break
+            hv[i] = cv
+            hr[i] = hr[c]
+            hd[i] = hd[c]
+            i = c
+        hv[i] = v
+        hr[i] = r
+        hd[i] = d
+
+    @njit(cache=True, nogil=True)
+    def _push_scores(acc, ids, m, rank, base, hv, hr, hd, n, zero):
+        """Offer every positive ``acc[ids[j]]`` (j < m) to the heap as docno ``base | id``
+        and return the count; with ``zero``, reset each score read (a document listed twice,
+        its sum back at exactly 0.0, reads 0.0 the second time and is skipped)."""
+        for j in range(m):
+            d = np.uint64(ids[j])  # unsigned: no wraparound check on the accesses
+            v = acc[d]
+            if zero:
+                acc[d] = 0.0
+            if v > 0.0:
+                if n == hv.shape[0] and v < hv[0]:
+                    continue
+                n = _heap_push(hv, hr, hd, n, v, rank[d], base | np.int64(d))
+        return n
+
+    @njit(cache=True, nogil=True)
+    def _heap_sorted(hv, hr, hd, n):
+        """(docnos, scores) of the heap's ``n`` entries, best first; empties the heap."""
+        out_d = np.empty(n, dtype=np.int64)
+        out_v = np.empty(n)
+        for j in range(n - 1, -1, -1):  # pop the worst into the last free slot
+            out_d[j] = hd[0]
+            out_v[j] = hv[0]
+            if j > 0:
+                _sift_down(hv, hr, hd, 0, j, hv[j], hr[j], hd[j])
+        return out_d, out_v
+
     @njit(cache=True, nogil=True)
     def _score_shard(indptr, docs, tfs, code, max_tf, min_code, table, itab, cap, local, weights,
-                     acc, touched, k, theta, prune_min, stats):
-        """Top candidates of one shard: (local ids, scores) with every score >= the shard's
-        k-th (ties kept), and never a document below ``theta`` that could not be in the top k."""
+                     acc, touched, rank, base, hv, hr, hd, nh, theta, prune_min, stats):
+        """Offers the shard's candidates to the top-k heap (``_heap_push``; ``nh`` entries, the
+        new count returned): every positive-scoring document it touched, or where pruning
+        switched to candidates, those that could still reach ``theta``. ``base``: the shard's
+        docno prefix; ``rank``: its documents' id ranks. Leaves ``acc`` zeroed."""
+        k = hv.shape[0]
         T = local.shape[0]
         rest = np.zeros(T + 1)  # rest[i]: sum of the bounds of terms i.. (inflated)
         remaining = np.zeros(T + 1, dtype=np.int64)  # postings of terms i..
@@ -171,6 +250,32 @@ if HAVE_NUMBA:
         m = 0
         maxacc = 0.0
         switch_at = T
+        if not prune:  # exhaustive: the plain loop (no running maximum), then one selection pass
+            # Unsigned indices: numba then emits no negative-index wraparound per access,
+            # which halves the cost of this loop. Same arithmetic, same bits as ``_impact``.
+            ucap = np.uint64(cap)
+            nt = np.uint64(table.shape[0])
+            um = np.uint64(0)
+            for i in range(T):
+                li = local[i]
+                if li < 0:
+                    continue
+                w = weights[i]
+                for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+                    d = np.uint64(docs[p])
+                    tf = np.uint64(tfs[p])
+                    c = np.uint64(code[d])
+                    if tf < ucap:
+                        imp = itab[tf * nt + c]
+                    else:
+                        x = np.float64(tf)
+                        imp = x / (x + table[c])
+                    a = acc[d]
+                    touched[um] = d  # branch-free: kept only when d was not seen before
+                    um += np.uint64(a == 0.0)
+                    acc[d] = a + w * imp
+            m = np.int64(um)
+            return _push_scores(acc, touched, m, rank, base, hv, hr, hd, nh, True)
         for i in range(T):
             li = local[i]
             if li < 0:
@@ -237,28 +342,10 @@ if HAVE_NUMBA:
         else:
             ids = touched
             m_ids = m
-        # Keep positive scores only, and at most the k best (ties at the k-th kept).
-        kth = 0.0
-        if m_ids > k:
-            kth = _kth_of(acc, ids, m_ids, k)
-        n = 0
-        for j in range(m_ids):
-            v = acc[ids[j]]
-            if v > 0.0 and v >= kth:
-                n += 1
-        out_ids = np.empty(n, dtype=np.int64)
-        out_vals = np.empty(n)
-        n = 0
-        for j in range(m_ids):
-            d = ids[j]
-            v = acc[d]
-            if v > 0.0 and v >= kth:
-                out_ids[n] = d
-                out_vals[n] = v
-                n += 1
+        nh = _push_scores(acc, ids, m_ids, rank, base, hv, hr, hd, nh, False)
         for j in range(m):
             acc[touched[j]] = 0.0
-        return out_ids, out_vals
+        return nh
 
     @intrinsic
     def _voidptr(typingctx, addr):
@@ -279,31 +366,6 @@ if HAVE_NUMBA:
             if local[i] >= 0:
                 found = True
         return found
-
-    @njit(cache=True, nogil=True)
-    def _merge(parts_s, parts_i, parts_v, doc_off, id_rank, k):
-        total = 0
-        for j in range(len(parts_s)):
-            total += parts_i[j].shape[0]
-        docno = np.empty(total, dtype=np.int64)
-        score = np.empty(total)
-        rank = np.empty(total, dtype=np.int64)
-        o = 0
-        for j in range(len(parts_s)):
-            s = parts_s[j]
-            ids = parts_i[j]
-            vals = parts_v[j]
-            for q in range(ids.shape[0]):
-                docno[o] = (np.int64(s) << 32) | ids[q]
-                score[o] = vals[q]
-                rank[o] = id_rank[doc_off[s] + ids[q]]
-                o += 1
-        by_rank = np.argsort(rank)
-        neg = np.empty(total)
-        for j in range(total):
-            neg[j] = -score[by_rank[j]]
-        order = by_rank[np.argsort(neg, kind="mergesort")][:k]
-        return docno[order], score[order]
 
     @njit(cache=True, nogil=True)
     def search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k,
@@ -330,30 +392,73 @@ if HAVE_NUMBA:
         S = meta.shape[0]
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
-        parts_s = [0][:0]
-        parts_i = [np.empty(0, dtype=np.int64)][:0]
-        parts_v = [np.empty(0)][:0]
+        hv = np.empty(k)
+        hr = np.empty(k, dtype=np.int64)
+        hd = np.empty(k, dtype=np.int64)
+        n = 0
         theta = 0.0
-        all_v = np.empty(0)
         for s in range(S):
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
-            ids, vals = _score_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                                     _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype),
-                                     _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
-                                     table, itab, cap, local, weights, acc[lo:hi], touched[lo:hi + 1], k, theta,
-                                     prune_min, stats)
-            if ids.shape[0] == 0:
+            n = _score_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
+                             _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype),
+                             _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
+                             table, itab, cap, local, weights, acc[lo:hi], touched[lo:hi + 1],
+                             id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n, theta, prune_min, stats)
+            if prune_min >= 0 and n == k:  # the k-th best so far bounds the final k-th from below
+                theta = max(theta, hv[0])
+        return _heap_sorted(hv, hr, hd, n)
+
+    @njit(cache=True, nogil=True)
+    def _query_weights(raw, idf):
+        """(distinct gids, count · idf) of one query's term ids (with repeats), in the canonical
+        order: weight descending, then gid ascending (``np.lexsort((gids, -ws))``)."""
+        g = np.sort(raw)
+        ug = np.empty(g.shape[0], dtype=np.int64)
+        cnt = np.empty(g.shape[0])
+        n = 0
+        for i in range(g.shape[0]):
+            if n > 0 and ug[n - 1] == g[i]:
+                cnt[n - 1] += 1.0
+            else:
+                ug[n] = g[i]
+                cnt[n] = 1.0
+                n += 1
+        neg = np.empty(n)
+        for i in range(n):
+            neg[i] = -(cnt[i] * idf[ug[i]])  # the float64 product the per-query path computes
+        order = np.argsort(neg, kind="mergesort")  # stable: equal weights stay gid ascending
+        gids = np.empty(n, dtype=np.int64)
+        ws = np.empty(n)
+        for i in range(n):
+            gids[i] = ug[order[i]]
+            ws[i] = -neg[order[i]]
+        return gids, ws
+
+    @njit(cache=True, nogil=True)
+    def search_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
+                     prune_min, stats, out_pos, out_score, out_n):
+        """Many queries in one call, each exactly as ``search_shards`` answers it.
+
+        Query ``q``'s analyzed terms are the global ids ``qgids[qptr[q]:qptr[q + 1]]`` (repeats
+        count: weight = count · idf). Writes its top ``k`` (k <= out_pos.shape[1]) as global
+        document positions (``doc_off[shard] + local``) into ``out_pos[q]``, scores into
+        ``out_score[q]``, and how many into ``out_n[q]``.
+        """
+        for q in range(qptr.shape[0] - 1):
+            a, b = qptr[q], qptr[q + 1]
+            out_n[q] = 0
+            if b == a:
                 continue
-            parts_s.append(s)
-            parts_i.append(ids)
-            parts_v.append(vals)
-            if prune_min >= 0 and s + 1 < S:  # a lower bound on the global k-th score for later shards
-                all_v = np.concatenate((all_v, vals))
-                if all_v.shape[0] >= k:
-                    theta = max(theta, _kth_largest(all_v, k))
-        return _merge(parts_s, parts_i, parts_v, doc_off, id_rank, k)
+            gids, ws = _query_weights(qgids[a:b], idf)
+            pm = prune_min if ws.min() > 0 else -1
+            dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
+                                   pm, stats)
+            for j in range(dn.shape[0]):
+                out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & 0xFFFFFFFF)
+                out_score[q, j] = sc[j]
+            out_n[q] = dn.shape[0]
 
     @njit(cache=True, nogil=True)
     def term_bounds(indptr, docs, tfs, doclen):
@@ -375,4 +480,5 @@ if HAVE_NUMBA:
         return max_tf, min_dl
 else:
     search_shards = None
+    search_batch = None
     term_bounds = None

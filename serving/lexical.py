@@ -9,6 +9,10 @@ on every path, so a document's score is the same float sum whichever path comput
 the compiled kernel (``kernels.search_shards``: all shards in one call, MaxScore pruning
 when every weight is positive) or the NumPy reference (``ShardScorer.top_candidates`` per
 shard, then a merge), which runs where numba is absent or ``use_kernel`` is off.
+
+``search_texts`` answers a batch of query texts (``Searcher.search_batch``): analysis into
+global term ids per distinct whitespace chunk (cached), then every query in one compiled
+call (``kernels.search_batch``), each exactly as ``search_arrays`` would answer it.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class BM25Retriever:
         self._tables: dict[BM25Params, np.ndarray] = {}
         self._tls = threading.local()
         self._lock = threading.Lock()
+        # Whitespace-delimited chunk of ASCII query text -> global ids of its analyzed terms
+        # that the collection knows (see ``query_gids``); bounded, per opened version.
+        self._chunk_gids: dict[str, tuple[int, ...]] = {}
+        self._all_ids = None
 
     def _use_kernel(self) -> bool:
         return kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
@@ -105,6 +113,79 @@ class BM25Retriever:
 
     def query_terms(self, query: str) -> Counter:
         return Counter(self.index.analyzer.analyze(query))
+
+    def query_gids(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """(qptr, gids): the analyzed terms of each text that the collection knows, as global
+        ids with repeats, text ``i``'s at ``gids[qptr[i]:qptr[i + 1]]`` (CSR).
+
+        ``Counter(gids of text i)`` is ``weights(query_terms(text i))`` before idf. ASCII text
+        is analyzed per whitespace-delimited chunk, each distinct chunk once (cached): ASCII
+        whitespace is always a UAX#29 word boundary and never inside a token, so the stream
+        of a text is the concatenation of its chunks' streams. Other text goes through the
+        analyzer whole. The cache holds chunks of at most 64 characters, at most 1M of them.
+        """
+        cache = self._chunk_gids
+        vocab = self.index.vocab
+        analyze = self.index.analyzer.analyze
+        flat: list[int] = []
+        ptr = [0]
+        for text in texts:
+            if text.isascii():
+                for c in text.split():
+                    g = cache.get(c)
+                    if g is None:
+                        g = tuple(x for x in map(vocab.get, analyze(c)) if x is not None)
+                        if len(c) <= 64:  # a word or a few; a huge chunk is analyzed, not kept
+                            if len(cache) >= 1_000_000:
+                                cache.clear()
+                            cache[c] = g
+                    flat.extend(g)
+            else:
+                flat.extend(x for x in map(vocab.get, analyze(text)) if x is not None)
+            ptr.append(len(flat))
+        return np.asarray(ptr, dtype=np.int64), np.asarray(flat, dtype=np.int64)
+
+    def doc_ids_at(self, pos: np.ndarray) -> np.ndarray:
+        """Doc ids (object array) at global positions (shards concatenated in order)."""
+        if self._all_ids is None:
+            ids = self.index.docs.doc_ids
+            self._all_ids = np.concatenate(ids) if len(ids) else np.zeros(0, dtype=object)
+        if len(self._all_ids) == 0:  # an empty index: every row is padding
+            return np.full(np.shape(pos), None, dtype=object)
+        return self._all_ids[pos]
+
+    def search_texts(self, texts: list[str], k: int, params: BM25Params | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top ``k`` of many query texts: (positions [n, k], scores [n, k], counts [n]).
+
+        Row ``i``'s first ``counts[i]`` entries are exactly what ``search_arrays(
+        dict(query_terms(texts[i])), k, params)`` returns, as global document positions
+        (``doc_ids_at`` names them). One compiled call for the whole batch where the kernel
+        is in use; the reference path otherwise.
+        """
+        params = params or _DEFAULT
+        n = len(texts)
+        pos = np.zeros((n, k), dtype=np.int64)
+        score = np.zeros((n, k))
+        cnt = np.zeros(n, dtype=np.int64)
+        if n == 0:
+            return pos, score, cnt
+        if self._use_kernel():
+            qptr, qgids = self.query_gids(texts)
+            meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
+            acc, touched = self._buffers()
+            den, itab = self._table(params)
+            kernels.search_batch(meta, proto, doc_off, id_rank, acc, touched, den, itab, self.index.idf,
+                                 qptr, qgids, k, self.prune_min_postings, self.prune_stats, pos, score, cnt)
+            return pos, score, cnt
+        offsets = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
+        for i, text in enumerate(texts):
+            dn, sc = self.search_arrays(dict(self.query_terms(text)), k, params)
+            m = len(dn)
+            pos[i, :m] = offsets[dn >> 32] + (dn & 0xFFFFFFFF)
+            score[i, :m] = sc
+            cnt[i] = m
+        return pos, score, cnt
 
     def weights(self, terms: dict[str, float]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(global ids, w·idf, terms) for the terms the collection knows."""

@@ -11,6 +11,7 @@ swaps in a newly published version without a restart.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 # its own window, so 100,000 characters cost milliseconds.
 MAX_QUERY_CHARS = 100_000
 MAX_K = 1000
+BATCH_CELLS = 2_000_000  # search_batch (bm25): queries x depth answered per compiled call
 
 
 class SearchError(ValueError):
@@ -233,13 +235,8 @@ class VersionSearcher:
 
         out = {}
         if mode == "bm25":  # the hot path of evaluation and benchmarks: arrays end to end
-            params = self._bm25_params(dict(options))
-            for qid, q in queries.items():
-                if (q := checked(qid, q)) is None:
-                    continue
-                dn, sc = self.bm25.search_arrays(dict(self.bm25.query_terms(q)), depth, params)
-                out[qid] = finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist())))
-            return out
+            return self._bm25_batch(queries, depth, k, self._bm25_params(dict(options)), checked,
+                                    remove_query)
         run_mode = self.modes()[mode]
         if mode == "sira":
             from .sira import prepare, sira_arrays
@@ -262,6 +259,46 @@ class VersionSearcher:
                 scored = run_mode(q, depth, options)[0]
                 out[qid] = finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored])
         return out
+
+    def _bm25_batch(self, queries: Mapping[str, str], depth: int, k: int, params: BM25Params,
+                    checked: Callable[[str, Any], str | None], remove_query: bool
+                    ) -> dict[str, list[tuple[str, float]]]:
+        """search_batch's bm25 path: every valid query scored in one compiled call
+        (``BM25Retriever.search_texts``), doc ids taken in one vectorized step."""
+        qids, texts = [], []
+        for qid, q in queries.items():
+            # The common valid case without the per-query checks' overhead; anything else goes
+            # through ``checked`` (same messages). A non-blank str is ``_check``'s non-empty strip.
+            if not (type(q) is str and len(q) <= MAX_QUERY_CHARS and q and not q.isspace()):
+                if (q := checked(qid, q)) is None:
+                    continue
+            qids.append(qid)
+            texts.append(q)
+        out = {}
+        step = max(1, BATCH_CELLS // depth)  # result arrays of at most ~32 MB per compiled call
+        for start in range(0, len(texts), step):
+            self._bm25_chunk(qids[start:start + step], texts[start:start + step], depth, k, params,
+                             remove_query, out)
+        return out
+
+    def _bm25_chunk(self, qids: list[str], texts: list[str], depth: int, k: int, params: BM25Params,
+                    remove_query: bool, out: dict) -> None:
+        pos, score, cnt = self.bm25.search_texts(texts, depth, params)
+        # Up to k · len(queries) tuples: the cyclic GC would rescan the young ones many times
+        # over while they are built (nothing here makes a cycle), so it waits until the end.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            ids = self.bm25.doc_ids_at(pos).tolist()
+            scores = score.tolist()
+            for qid, n, row_ids, row_sc in zip(qids, cnt.tolist(), ids, scores):
+                hits = list(zip(row_ids[:n], row_sc[:n]))
+                if remove_query:
+                    hits = [h for h in hits if h[0] != qid][:k]
+                out[qid] = hits
+        finally:
+            if gc_was_on:
+                gc.enable()
 
     def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
         hits = []
