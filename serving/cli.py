@@ -769,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
         return _err(str(e))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader closed the pipe (`funnel search ... | head`): stop quietly, as Unix tools
+        # do, and keep Python from complaining again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

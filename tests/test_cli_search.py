@@ -105,3 +105,15 @@ def test_unwritable_run_is_refused_before_any_work(demo_index_1, tmp_path, capsy
 def test_flag_combinations_that_make_no_sense(demo_index_1, capsys, argv, says):
     assert main(["search", demo_index_1, *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_ends_quietly(demo_index_1):
+    """`funnel search ... | head -1`: the reader closes the pipe early; no traceback."""
+    import subprocess
+    import sys as _sys
+    cmd = (f"{_sys.executable} -m funnel.serving.cli search {demo_index_1} 'parse command line arguments' "
+           "--k 50 | head -1")
+    p = subprocess.run(["bash", "-c", cmd + "; echo \"rc=${PIPESTATUS[0]}\" >&2"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.stdout.strip()  # head got its line
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
