@@ -560,6 +560,16 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def add_corpus_arguments(p) -> None:
+    """How to read the corpus: the flags every job that reads one (build, spark_stats) shares."""
+    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
+                   help="corpus format; auto goes by the file names")
+    p.add_argument("--id-field", default=None,
+                   help="the document id field (default: the first of _id, id, docid, doc_id present)")
+    p.add_argument("--title-field", default="title", help="the title field")
+    p.add_argument("--text-field", default="text", help="the text field")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The build options; help strings leave the default to the parser's formatter."""
     p.add_argument("--corpus", required=True,
@@ -574,12 +584,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(this process, no Ray), or auto: local for a small corpus when RAY_ADDRESS is unset "
                         "(default: auto)")
     p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
-    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
-                   help="corpus format; auto goes by the file names")
-    p.add_argument("--id-field", default=None,
-                   help="the document id field (default: the first of _id, id, docid, doc_id present)")
-    p.add_argument("--title-field", default="title", help="the title field")
-    p.add_argument("--text-field", default="text", help="the text field")
+    add_corpus_arguments(p)
     p.add_argument("--keep-versions", type=int, default=None,
                    help="delete all but the newest N versions after publishing (default: keep all)")
     p.add_argument("--dense", dest="dense", action="store_true",

@@ -306,6 +306,7 @@ def compute_stats(corpus: str, out: str, master: str | None = None, shards: int 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from funnel.jobs.build_index import add_corpus_arguments
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     p = argparse.ArgumentParser(prog="spark_stats", description=__doc__.split("\n")[0],
@@ -318,12 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="Spark master URL (default: what spark-submit set, else local[*])")
     p.add_argument("--shards", type=int, default=None,
                    help="the build's shard count, for the shards table (default: the build's auto count)")
-    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
-                   help="corpus format; auto goes by the file names")
-    p.add_argument("--id-field", default=None,
-                   help="the document id field (default: the first of _id, id, docid, doc_id present)")
-    p.add_argument("--title-field", default="title", help="the title field")
-    p.add_argument("--text-field", default="text", help="the text field")
+    add_corpus_arguments(p)
     p.add_argument("--partitions", type=int, default=None,
                    help="shuffle partitions (default: twice Spark's default parallelism)")
     p.add_argument("--chunk-bytes", type=int, default=None,

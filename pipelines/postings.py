@@ -56,6 +56,21 @@ class ShardPostings:
         return int(self.doclen.sum())
 
 
+def add_document(vocab: dict[str, int], doc: int, tokens: Sequence[str],
+                 tids: list[int], dids: list[int], tfs: list[int]) -> None:
+    """Append one document's (term id, doc, tf) postings, giving new terms first-seen ids in ``vocab``."""
+    counts: dict[str, int] = {}
+    for t in tokens:
+        counts[t] = counts.get(t, 0) + 1
+    for t, c in counts.items():
+        tid = vocab.get(t)
+        if tid is None:
+            tid = vocab[t] = len(vocab)
+        tids.append(tid)
+        dids.append(doc)
+        tfs.append(c)
+
+
 def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
     """Invert analyzed documents (local id = position in ``token_lists``) into CSR arrays."""
     vocab: dict[str, int] = {}
@@ -65,16 +80,7 @@ def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
     doclen = np.zeros(len(token_lists), dtype=np.int32)
     for local_id, toks in enumerate(token_lists):
         doclen[local_id] = len(toks)
-        counts: dict[str, int] = {}
-        for t in toks:
-            counts[t] = counts.get(t, 0) + 1
-        for t, c in counts.items():
-            tid = vocab.get(t)
-            if tid is None:
-                tid = vocab[t] = len(vocab)
-            tids.append(tid)
-            dids.append(local_id)
-            tfs.append(c)
+        add_document(vocab, local_id, toks, tids, dids, tfs)
     terms = sorted(vocab)
     # Remap first-seen ids to sorted order, then sort postings by (term, doc).
     remap = np.empty(len(vocab), dtype=np.int64)

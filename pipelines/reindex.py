@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
 from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
-from .postings import POSTING_FILES, ShardPostings, write_shard
+from .postings import POSTING_FILES, ShardPostings, add_document, write_shard
 from .shard import corpus_fingerprint_part, shard_name
 
 ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line")
@@ -189,16 +189,7 @@ def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.
     doclen[reuse[live]] = np.asarray(old["doclen"], dtype=np.int32)[live]
     for pos, toks in zip(fresh.tolist(), fresh_tokens):
         doclen[pos] = len(toks)
-        counts: dict[str, int] = {}
-        for t in toks:
-            counts[t] = counts.get(t, 0) + 1
-        for t, c in counts.items():
-            tid = vocab.get(t)
-            if tid is None:
-                tid = vocab[t] = len(vocab)
-            n_term.append(tid)
-            n_doc.append(pos)
-            n_tf.append(c)
+        add_document(vocab, pos, toks, n_term, n_doc, n_tf)
     new_terms = np.empty(len(vocab), dtype=object)
     new_terms[:] = list(vocab)
     present = np.zeros(len(old_terms), dtype=bool)
