@@ -42,11 +42,15 @@ from typing import Callable, Iterable, Sequence
 log = logging.getLogger(__name__)
 
 #: Bump whenever a prompt, the schema or the parsing changes: it is part of the cache key.
-PROMPT_VERSION = "sira-enrich-1"
+PROMPT_VERSION = "sira-enrich-2"
 #: Phrases asked for and kept per document (the reference asks for at most 10).
 MAX_PHRASES = 10
 #: Longest phrase accepted from the model, in characters.
 MAX_PHRASE_CHARS = 80
+#: Characters per phrase the answer's JSON schema allows, per word of max_n: it bounds what
+#: a small model can ramble inside one string (SmolLM2 otherwise fills 256 tokens with one
+#: hyphenated run), so the grammar-constrained JSON closes within ``max_tokens``.
+SCHEMA_CHARS_PER_WORD = 20
 #: Document characters sent to the model (SmolLM2's 2,048-token context holds ~2,000).
 DOC_CHARS = 2000
 MAX_N_RANGE = (1, 3)
@@ -78,12 +82,14 @@ def build_messages(title: str, text: str, task: str = "general", max_n: int = 2)
                                                      who=TASKS[task])}]
 
 
-def keywords_schema() -> dict:
-    """JSON Schema of the answer, sent as ``response_format`` (SmolLM2 rambles without it)."""
+def keywords_schema(max_n: int = 2) -> dict:
+    """JSON Schema of the answer, sent as ``response_format`` (SmolLM2 rambles without it);
+    a phrase may hold ``SCHEMA_CHARS_PER_WORD · max_n`` characters."""
+    chars = min(MAX_PHRASE_CHARS, SCHEMA_CHARS_PER_WORD * max_n)
     return {"type": "object", "additionalProperties": False, "required": ["keywords"],
             "properties": {"keywords": {"type": "array", "maxItems": MAX_PHRASES,
                                         "items": {"type": "string", "minLength": 1,
-                                                  "maxLength": MAX_PHRASE_CHARS}}}}
+                                                  "maxLength": chars}}}}
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class EnrichSettings:
     timeout: float = 60.0
     retries: int = 2
     backoff: float = 0.5
-    max_tokens: int = 256
+    max_tokens: int = 160          # 10 phrases within the schema fit in ~150 tokens
     structured: bool = True       # send response_format json_schema
     api_key: str | None = None
 
@@ -140,11 +146,34 @@ def _keywords_of(value) -> list | None:
     return value if isinstance(value, list) else None
 
 
+_OPEN_LIST = re.compile(r'"(?:keywords|phrases|queries)"\s*:\s*\[')
+
+
+def _truncated_list(text: str) -> list[str] | None:
+    """The complete strings of a ``{"keywords": ["a", "b", "c...`` reply cut off by
+    ``max_tokens``; None when the text holds no such opening or no complete string."""
+    m = _OPEN_LIST.search(text)
+    if m is None:
+        return None
+    decoder, pos, out = json.JSONDecoder(), m.end(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return out or None
+        if not isinstance(value, str):
+            return out or None
+        out.append(value)
+
+
 def parse_keywords(content: str) -> list[str]:
     """The phrases in a model's reply, cleaned (:func:`clean_phrases`).
 
     Tried in order: the whole reply as JSON; the last JSON object or list with keywords
-    inside chatty text or code fences; bulleted/numbered lines; a ``Keywords: a, b`` line.
+    inside chatty text or code fences; the complete strings of a keyword list cut off by
+    ``max_tokens``; bulleted/numbered lines; a ``Keywords: a, b`` line.
 
     Raises
     ------
@@ -171,6 +200,9 @@ def parse_keywords(content: str) -> list[str]:
             found = got  # the last one wins: reasoning first, then the answer
     if found is not None:
         return clean_phrases(found)
+    cut = _truncated_list(text)
+    if cut is not None:
+        return clean_phrases(cut)
     lines = [m.group(1) for line in text.splitlines() if (m := _BULLET.match(line))]
     if lines:
         return clean_phrases(lines)
@@ -228,7 +260,7 @@ class EnrichClient:
         kw = {"model": s.model, "messages": messages, "temperature": 0.0, "seed": 0, "max_tokens": s.max_tokens}
         if self._structured:
             kw["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "keywords", "schema": keywords_schema(), "strict": True}}
+                "name": "keywords", "schema": keywords_schema(s.max_n), "strict": True}}
         resp = self._client.chat.completions.create(**kw)
         if not resp.choices:
             return ""

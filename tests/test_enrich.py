@@ -36,12 +36,15 @@ from embed_server import ServerThread  # noqa: E402
     ("Keywords: renal failure, kidney", ["renal failure", "kidney"]),
     ('["a", "b"]', ["a", "b"]),
     ('{"keywords": []}', []),
+    # cut off by max_tokens: the complete strings count, the torn one does not
+    ('{"keywords": ["abc",', ["abc"]),
+    ('{\n  "keywords": ["sleep apnea", "OSA", "snor', ["sleep apnea", "OSA"]),
 ])
 def test_parse_keywords_reads_json_chatty_and_line_replies(reply, expected):
     assert parse_keywords(reply) == expected
 
 
-@pytest.mark.parametrize("reply", ["", "   ", '{"keywords": ["abc",', "I cannot help with that."])
+@pytest.mark.parametrize("reply", ["", "   ", '{"keywords": ["ab', '{"keywords": [', "I cannot help with that."])
 def test_parse_keywords_refuses_what_it_cannot_read(reply):
     with pytest.raises(ValueError):
         parse_keywords(reply)
@@ -124,7 +127,7 @@ PLAN = {
                                          '{"keywords": ["renal failure", "nephrology"]}\n```'),
     "Sleep disorders in adults": ("ok", "Here are some phrases:\n- sleep apnea\n- snoring"),
     "Glucose control trial": ("ok", json.dumps({"keywords": ["diabetes mellitus", "blood pressure"]})),
-    "Bone density screening": ("ok", '{"keywords": ["osteoporosis",'),        # malformed
+    "Bone density screening": ("ok", '{"keywords": ["osteopor'),        # malformed
     "Vitamin intake survey": ("ok", ""),                                       # empty
     "Liver enzyme study": ("status", 500),
     "Asthma inhaler adherence": ("slow", 3.0),
@@ -315,7 +318,7 @@ def test_build_cli_flags(server, tmp_path, capsys):
                  "--llm-base-url", server.base_url, "--llm-model", "scripted", "--enrich-tau", "0.5",
                  "--enrich-max-n", "1", "--enrich-task", "qa", "--enrich-cache", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
-    assert "enrichment: scripted (sira-enrich-1/qa/max_n=1): 3 docs" in out
+    assert "enrichment: scripted (sira-enrich-2/qa/max_n=1): 3 docs" in out
     with open(os.path.join(_version(str(tmp_path / "ix")), "manifest.json")) as f:
         m = json.load(f)["enrichment"]
     assert m["task"] == "qa" and m["max_n"] == 1 and m["tau"] == 0.5
