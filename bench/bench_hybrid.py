@@ -32,6 +32,35 @@ CONFIGS = [  # (label, mode, options): every option explicit, so a row measures 
 ]
 
 
+def _thread_pinning(ix, texts: list[str]) -> list[str]:
+    """Hybrid latency with the query embedder on 1 torch thread (the default,
+    ``FUNNEL_QUERY_THREADS``) against every core (torch's own default), interleaved in
+    rounds so that both see the same machine load."""
+    dense = ix.dense_mode.dense()
+    threads = sorted({1, os.cpu_count() or 1})
+    lat: dict[int, list[float]] = {n: [] for n in threads}
+    loads = []
+    saved = dense.provider.query_threads
+    for rnd in range(3):
+        for n in threads:
+            dense.provider.query_threads = n
+            for q in texts[rnd::3]:
+                dense._cache.clear()
+                t = time.perf_counter()
+                ix.search(q, mode="hybrid", k=10)
+                lat[n].append((time.perf_counter() - t) * 1000)
+            loads.append(os.getloadavg()[0])
+    dense.provider.query_threads = saved
+    out = [f"Query-embedder threads (issue 17), same {len(texts)} queries, interleaved; load average "
+           f"{min(loads):.1f}-{max(loads):.1f} during the run:", "",
+           "| torch threads per query embedding | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for n in threads:
+        v = sorted(lat[n])
+        out.append(f"| {n}{' (default)' if n == 1 else ' (torch default)'} | {statistics.median(v):.1f} | "
+                   f"{v[int(0.95 * (len(v) - 1))]:.1f} | {v[int(0.99 * (len(v) - 1))]:.1f} |")
+    return out + [""]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -107,6 +136,7 @@ def main(argv=None):
                 v = sorted(v)
                 lat_lines.append(f"| {st} | {statistics.median(v):.2f} | {v[int(0.95 * (len(v) - 1))]:.2f} |")
             lat_lines.append("")
+            lat_lines += _thread_pinning(ix, texts)
     report("hybrid", "Hybrid retrieval: quality per configuration and latency per stage",
            "\n".join(lines + lat_lines), a.write)
 

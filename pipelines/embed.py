@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -163,6 +164,40 @@ def _load_sentence_transformer(path: str, device: str | None, fp16: bool):
         return _MODELS[key]
 
 
+def default_query_threads() -> int:
+    """torch threads for one query's embedding: ``$FUNNEL_QUERY_THREADS``, default 1.
+
+    A short query gains nothing from a second intra-op thread, and on a busy machine the
+    threads wait on each other (hybrid p50 356 ms at load ~6 with 2 threads against 21 ms
+    with 1, issue 17); concurrent requests then use one core each.
+    """
+    return max(1, int(os.environ.get("FUNNEL_QUERY_THREADS") or 1))
+
+
+_pin_lock = threading.Lock()
+_pin_state = {"depth": 0, "saved": 0}
+
+
+@contextmanager
+def pinned_torch_threads(n: int):
+    """``torch.set_num_threads(n)`` while any caller is inside; the first one in saves the
+    process setting and the last one out restores it (safe across concurrent requests)."""
+    import torch
+    with _pin_lock:
+        if _pin_state["depth"] == 0:
+            _pin_state["saved"] = torch.get_num_threads()
+            if _pin_state["saved"] != n:
+                torch.set_num_threads(n)
+        _pin_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _pin_lock:
+            _pin_state["depth"] -= 1
+            if _pin_state["depth"] == 0 and torch.get_num_threads() != _pin_state["saved"]:
+                torch.set_num_threads(_pin_state["saved"])
+
+
 def _l2_normalize(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
@@ -213,14 +248,19 @@ class SentenceTransformerProvider(_ProviderBase):
     num_threads : int, optional
         ``torch.set_num_threads`` for this process (one thread per Ray actor is fastest
         on small machines).
+    query_threads : int, optional
+        torch threads while embedding one query (:meth:`embed_query`); default
+        ``$FUNNEL_QUERY_THREADS`` or 1 (see :func:`default_query_threads`).
     """
 
     kind = "sentence-transformers"
 
     def __init__(self, model: str = "all-MiniLM-L6-v2", device: str | None = None,
                  normalize: bool = True, batch_size: int = 64, query_prompt: str = "",
-                 document_prompt: str = "", fp16: bool | None = None, num_threads: int | None = None):
+                 document_prompt: str = "", fp16: bool | None = None, num_threads: int | None = None,
+                 query_threads: int | None = None):
         import torch
+        self.query_threads = int(query_threads or default_query_threads())
         if num_threads:
             torch.set_num_threads(int(num_threads))
         if device is None:
@@ -237,6 +277,14 @@ class SentenceTransformerProvider(_ProviderBase):
         get_dim = getattr(self.model, "get_embedding_dimension", None) or \
             self.model.get_sentence_embedding_dimension
         self.dim = int(get_dim())
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query -> ``(dim,)`` float32, on ``query_threads`` torch threads (a server's
+        per-request path; many queries at once go through ``_encode`` unpinned)."""
+        if self.device != "cpu":
+            return super().embed_query(text)
+        with pinned_torch_threads(self.query_threads):
+            return super().embed_query(text)
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
         if len(texts) == 0:
@@ -321,7 +369,7 @@ class OpenAIEmbeddingProvider(_ProviderBase):
 PROVIDERS = {"sentence-transformers": SentenceTransformerProvider, "openai": OpenAIEmbeddingProvider}
 _SPEC_KEYS = {
     "sentence-transformers": {"model", "dim", "device", "normalize", "batch_size", "query_prompt",
-                              "document_prompt", "fp16", "num_threads"},
+                              "document_prompt", "fp16", "num_threads", "query_threads"},
     "openai": {"model", "dim", "base_url", "api_key", "batch_size", "timeout", "max_retries", "normalize",
                "query_prompt", "document_prompt", "encoding_format"},
 }

