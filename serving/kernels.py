@@ -478,7 +478,171 @@ if HAVE_NUMBA:
             max_tf[t] = mt
             min_dl[t] = md if indptr[t + 1] > indptr[t] else 0
         return max_tf, min_dl
+
+    # -- SIRA's offline proposers, whole batches in one call (serving/sira/batch.py) --------
+
+    @njit(cache=True, nogil=True)
+    def _distinct_counts(raw):
+        """(distinct ids ascending, their counts as float64) of one query's term ids."""
+        g = np.sort(raw)
+        ug = np.empty(g.shape[0], dtype=np.int64)
+        cnt = np.empty(g.shape[0])
+        n = 0
+        for i in range(g.shape[0]):
+            if n > 0 and ug[n - 1] == g[i]:
+                cnt[n - 1] += 1.0
+            else:
+                ug[n] = g[i]
+                cnt[n] = 1.0
+                n += 1
+        return ug[:n], cnt[:n]
+
+    @njit(cache=True, nogil=True)
+    def _rm3_select(fptr, fg, ftf, fdl, rows, dw, df, short, idf, use_idf, tau_n, qg, n_terms, racc, rmark,
+                    out_g, out_w):
+        """``feedback.ForwardIndex.rm3_weights`` + ``select_terms`` for one query: sums
+        ``w_d · tf / |d|`` per term in the same order (bit-identical to the bincount), keeps
+        eligible terms (df <= tau·N, two characters or more, not a query term, weight > 0;
+        times idf for the dense proposer), the best ``n_terms`` by (weight desc, id asc),
+        scaled so the best is 1. Writes them to ``out_g``/``out_w``; returns how many."""
+        nt = 0
+        for j in range(rows.shape[0]):  # first pass: count the entries, to size the touched list
+            nt += fptr[rows[j] + 1] - fptr[rows[j]]
+        cand = np.empty(nt, dtype=np.int64)
+        nc = 0
+        for j in range(rows.shape[0]):
+            r = rows[j]
+            w = dw[j] if dw[j] > 0.0 else 0.0
+            d = fdl[r]
+            scale = w / d if d > 0.0 else 0.0
+            for e in range(fptr[r], fptr[r + 1]):
+                t = fg[e]
+                if rmark[t] == 0:
+                    rmark[t] = 1
+                    cand[nc] = t
+                    nc += 1
+                racc[t] += np.float64(ftf[e]) * scale
+        keep = np.empty(nc, dtype=np.int64)
+        val = np.empty(nc)
+        m = 0
+        for i in range(nc):
+            t = cand[i]
+            v = racc[t] * idf[t] if use_idf else racc[t]
+            racc[t] = 0.0
+            rmark[t] = 0
+            if df[t] > tau_n or short[t] or v <= 0.0:
+                continue
+            isq = False
+            for x in range(qg.shape[0]):
+                if qg[x] == t:
+                    isq = True
+                    break
+            if isq:
+                continue
+            keep[m] = t
+            val[m] = v
+            m += 1
+        if m == 0:
+            return 0
+        by_id = np.argsort(keep[:m])
+        keep2 = keep[:m][by_id]
+        neg = -val[:m][by_id]
+        order = np.argsort(neg, kind="mergesort")  # stable: equal weights stay id ascending
+        n = min(n_terms, m)
+        top = -neg[order[0]]
+        for i in range(n):
+            out_g[i] = keep2[order[i]]
+            out_w[i] = (-neg[order[i]]) / top
+        return n
+
+    @njit(cache=True, nogil=True)
+    def sira_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
+                   prune_min, stats, fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
+                   use_prf, dense_rows, dense_w, dense_n, racc, rmark, out_pos, out_score, out_n, out_nexp):
+        """SIRA with the prf and/or dense proposer for many queries, each exactly as
+        ``sira.mode.sira_arrays`` answers it: feedback (BM25 top ``fb_docs`` when
+        ``use_prf``; the dense neighbours given as global rows ``dense_rows[q, :dense_n[q]]``
+        with scores ``dense_w``), RM3 terms (:func:`_rm3_select`; with both, a term's weight
+        is the larger), then one weighted BM25: query counts plus ``lam`` · weight per
+        expansion term, in the canonical term order. Outputs as ``search_batch``, plus the
+        number of expansion terms per query in ``out_nexp``."""
+        mask = np.int64(0xFFFFFFFF)
+        pg = np.empty(fb_terms, dtype=np.int64)
+        pw = np.empty(fb_terms)
+        dg = np.empty(fb_terms, dtype=np.int64)
+        dwt = np.empty(fb_terms)
+        for q in range(qptr.shape[0] - 1):
+            a, b = qptr[q], qptr[q + 1]
+            out_n[q] = 0
+            out_nexp[q] = 0
+            ug, cnt = _distinct_counts(qgids[a:b])
+            npf = 0
+            if use_prf and b > a:
+                gids, ws = _query_weights(qgids[a:b], idf)
+                pm = prune_min if ws.min() > 0 else -1
+                dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws,
+                                       fb_docs, pm, stats)
+                rows = np.empty(dn.shape[0], dtype=np.int64)
+                for j in range(dn.shape[0]):
+                    rows[j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
+                npf = _rm3_select(fptr, fg, ftf, fdl, rows, sc, df, short, idf, False, tau_n, ug, fb_terms,
+                                  racc, rmark, pg, pw)
+            nde = 0
+            if dense_n[q] > 0:
+                nde = _rm3_select(fptr, fg, ftf, fdl, dense_rows[q, :dense_n[q]], dense_w[q, :dense_n[q]], df,
+                                  short, idf, True, tau_n, ug, fb_terms, racc, rmark, dg, dwt)
+            nall = ug.shape[0] + npf + nde
+            g2 = np.empty(nall, dtype=np.int64)
+            w2 = np.empty(nall)
+            n2 = 0
+            for i in range(ug.shape[0]):
+                g2[n2] = ug[i]
+                w2[n2] = cnt[i]
+                n2 += 1
+            nexp = 0
+            for i in range(npf + nde):
+                t = pg[i] if i < npf else dg[i - npf]
+                w = pw[i] if i < npf else dwt[i - npf]
+                dup = -1
+                for x in range(ug.shape[0], n2):  # the same term from both proposers: the larger
+                    if g2[x] == t:
+                        dup = x
+                        break
+                if dup >= 0:
+                    if w > w2[dup]:
+                        w2[dup] = w
+                    continue
+                g2[n2] = t
+                w2[n2] = w
+                n2 += 1
+                nexp += 1
+            for x in range(ug.shape[0], n2):
+                w2[x] = 0.0 + lam * w2[x]
+            # weights(): drop zero weights (lam = 0), multiply by idf; canonical order
+            m = 0
+            for x in range(n2):
+                if w2[x] != 0.0:
+                    g2[m] = g2[x]
+                    w2[m] = w2[x] * idf[g2[x]]
+                    m += 1
+            out_nexp[q] = nexp
+            if m == 0:
+                continue
+            by_id = np.argsort(g2[:m])
+            gs = g2[:m][by_id]
+            neg = -w2[:m][by_id]
+            order = np.argsort(neg, kind="mergesort")
+            gids = gs[order]
+            ws = -neg[order]
+            pm = prune_min if ws.min() > 0 else -1
+            dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
+                                   pm, stats)
+            for j in range(dn.shape[0]):
+                out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
+                out_score[q, j] = sc[j]
+            out_n[q] = dn.shape[0]
 else:
     search_shards = None
     search_batch = None
     term_bounds = None
+    sira_batch = None

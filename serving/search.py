@@ -240,7 +240,10 @@ class VersionSearcher:
         run_mode = self.modes()[mode]
         if mode == "sira":
             from .sira import prepare, sira_arrays
+            from .sira.batch import batch_available
             sira = prepare(self, options)
+            if batch_available(self, sira):  # prf / dense / their union: one compiled call
+                return self._sira_batch(queries, depth, k, sira, checked, remove_query)
         items = list(queries.items())
         for start in range(0, len(items), 256):
             chunk = [(qid, q) for qid, q in ((qid, checked(qid, q)) for qid, q in items[start:start + 256])
@@ -260,11 +263,27 @@ class VersionSearcher:
                 out[qid] = finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored])
         return out
 
-    def _bm25_batch(self, queries: Mapping[str, str], depth: int, k: int, params: BM25Params,
+    def _sira_batch(self, queries: Mapping[str, str], depth: int, k: int, prep,
                     checked: Callable[[str, Any], str | None], remove_query: bool
                     ) -> dict[str, list[tuple[str, float]]]:
-        """search_batch's bm25 path: every valid query scored in one compiled call
-        (``BM25Retriever.search_texts``), doc ids taken in one vectorized step."""
+        """search_batch's sira path for the offline proposers (``sira.batch``): as the bm25
+        path, each chunk in one compiled call, the dense proposer's queries embedded first."""
+        from .sira.batch import search_texts
+        qids, texts = self._valid_texts(queries, checked)
+        out: dict = {}
+        step = max(1, BATCH_CELLS // depth)
+        if "dense" in prep.sources:  # query vectors embedded a chunk at a time
+            step = min(step, 256)
+        for start in range(0, len(texts), step):
+            chunk = texts[start:start + step]
+            if "dense" in prep.sources:
+                from .hybrid import prefill_query_vectors
+                prefill_query_vectors(self, chunk)
+            self._emit(qids[start:start + step], search_texts(self, chunk, depth, prep), k, remove_query, out)
+        return out
+
+    def _valid_texts(self, queries: Mapping[str, str], checked: Callable[[str, Any], str | None]
+                     ) -> tuple[list[str], list[str]]:
         qids, texts = [], []
         for qid, q in queries.items():
             # The common valid case without the per-query checks' overhead; anything else goes
@@ -274,6 +293,14 @@ class VersionSearcher:
                     continue
             qids.append(qid)
             texts.append(q)
+        return qids, texts
+
+    def _bm25_batch(self, queries: Mapping[str, str], depth: int, k: int, params: BM25Params,
+                    checked: Callable[[str, Any], str | None], remove_query: bool
+                    ) -> dict[str, list[tuple[str, float]]]:
+        """search_batch's bm25 path: every valid query scored in one compiled call
+        (``BM25Retriever.search_texts``), doc ids taken in one vectorized step."""
+        qids, texts = self._valid_texts(queries, checked)
         out = {}
         step = max(1, BATCH_CELLS // depth)  # result arrays of at most ~32 MB per compiled call
         for start in range(0, len(texts), step):
@@ -283,7 +310,11 @@ class VersionSearcher:
 
     def _bm25_chunk(self, qids: list[str], texts: list[str], depth: int, k: int, params: BM25Params,
                     remove_query: bool, out: dict) -> None:
-        pos, score, cnt = self.bm25.search_texts(texts, depth, params)
+        self._emit(qids, self.bm25.search_texts(texts, depth, params), k, remove_query, out)
+
+    def _emit(self, qids: list[str], found: tuple, k: int, remove_query: bool, out: dict) -> None:
+        """``out[qid] = [(doc_id, score), ...]`` from a batch's (positions, scores, counts)."""
+        pos, score, cnt = found
         # Up to k · len(queries) tuples: the cyclic GC would rescan the young ones many times
         # over while they are built (nothing here makes a cycle), so it waits until the end.
         gc_was_on = gc.isenabled()

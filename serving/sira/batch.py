@@ -1,0 +1,78 @@
+"""SIRA's offline proposers (``prf``, ``dense``, ``union`` of the two) over a whole batch of
+queries in one compiled call (``kernels.sira_batch``): feedback retrieval, RM3 term
+selection and the weighted BM25 call per query, with no Python objects per proposal.
+
+Each query's result is exactly what the per-query path (``mode.sira_arrays``: proposers,
+DF filter, ``search_weighted``) returns; ``tests/test_sira_batch.py`` holds the two equal on
+every query of the fixtures. The per-query path stays the reference, and the one used
+without numba, for the ``llm`` proposer, and by ``search()`` (which also builds the trace
+and the explanations). For the dense proposer the query vectors come from the dense index's
+cache (``search_batch`` embeds the batch first); its FAISS searches run in groups below
+FAISS's BLAS threshold, so every score is the one a single-query search computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+
+#: The proposers the compiled batch path runs; others (llm) go query by query.
+BATCH_SOURCES = frozenset({"prf", "dense"})
+
+
+def batch_available(searcher, prep) -> bool:
+    """True when this batch can take the compiled path."""
+    return (kernels.HAVE_NUMBA and bool(prep.sources) and set(prep.sources) <= BATCH_SOURCES
+            and searcher.bm25._use_kernel())
+
+
+def _dense_feedback(searcher, texts: list[str], fb_docs: int, nprobe, offsets: np.ndarray):
+    """(rows [n, fb], scores [n, fb], counts [n]) of each text's dense neighbours, as global
+    forward-index rows."""
+    import faiss
+    d = searcher.dense_mode.dense()
+    vecs = np.vstack([d.embed_query(t) for t in texts]).astype(np.float32, copy=False)
+    group = max(1, int(faiss.cvar.distance_compute_blas_threshold) - 1)
+    scores = np.zeros((len(texts), fb_docs))
+    rows = np.zeros((len(texts), fb_docs), dtype=np.int64)
+    counts = np.zeros(len(texts), dtype=np.int64)
+    for s in range(0, len(texts), group):
+        sc, ids = d.search_vectors(vecs[s:s + group], fb_docs, nprobe)
+        valid = ids >= 0  # FAISS pads at the end of a row
+        counts[s:s + group] = valid.sum(axis=1)
+        safe = np.where(valid, ids, 0)
+        rows[s:s + group] = np.where(valid, offsets[safe >> 32] + (safe & 0xFFFFFFFF), 0)
+        scores[s:s + group] = np.where(valid, sc.astype(np.float64), 0.0)
+    return rows, scores, counts
+
+
+def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top ``k`` of each text under SIRA (``prep`` from ``mode.prepare``, with
+    :func:`batch_available`): (global positions [n, k], scores [n, k], counts [n]), as
+    ``BM25Retriever.search_texts``."""
+    bm, ix, cfg, params = searcher.bm25, searcher.index, prep.config, prep.params
+    n = len(texts)
+    pos = np.zeros((n, k), dtype=np.int64)
+    score = np.zeros((n, k))
+    cnt = np.zeros(n, dtype=np.int64)
+    nexp = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return pos, score, cnt
+    qptr, qgids = bm.query_gids(texts)
+    meta, proto, doc_off, id_rank, _ = bm._shard_args(params.length_norm)
+    acc, touched = bm._buffers()
+    den, itab = bm._table(params)
+    fptr, fg, ftf, fdl, offsets, _, short = searcher.forward._build()
+    if "dense" in prep.sources:
+        d_rows, d_w, d_n = _dense_feedback(searcher, texts, cfg.fb_docs, prep.nprobe, offsets)
+    else:
+        d_rows, d_w, d_n = np.zeros((n, 0), dtype=np.int64), np.zeros((n, 0)), np.zeros(n, dtype=np.int64)
+    V = len(ix.vocab)
+    lam = float(cfg.lambda_for(prep.proposer))
+    kernels.sira_batch(meta, proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids, k,
+                       bm.prune_min_postings, bm.prune_stats, fptr, fg, ftf, fdl, np.asarray(ix.df), short,
+                       float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
+                       "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
+                       pos, score, cnt, nexp)
+    return pos, score, cnt

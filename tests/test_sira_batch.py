@@ -1,0 +1,97 @@
+"""SIRA's compiled batch path (serving/sira/batch.py, kernels.sira_batch) against the
+per-query reference path (mode.sira_arrays: proposers, DF filter, search_weighted).
+
+The offline proposers (prf, dense, union) answer ``search_batch`` in one compiled call per
+chunk; every query must get exactly the per-query ranking and scores, for the defaults and
+for option settings that change each part (feedback depth, term count, tau, lambda 0, k1/b,
+exact lengths). The index is tests/data/tiny-beir (40 abstracts) built with dense vectors
+by the real build; the queries are its own plus every document title (over FAISS's BLAS
+threshold of 20, so the grouped dense searches are exercised).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from funnel.serving import kernels
+from funnel.serving.search import open_index
+from funnel.serving.sira import prepare, sira_arrays
+from funnel.serving.sira.batch import batch_available
+
+from conftest import need_shared  # noqa: E402
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "tiny-beir")
+
+def _queries(ddir: str) -> dict[str, str]:
+    qs = {o["_id"]: o["text"] for o in map(json.loads, open(os.path.join(ddir, "queries.jsonl")))}
+    for o in map(json.loads, open(os.path.join(ddir, "corpus.jsonl"))):
+        qs["t-" + o["_id"]] = o.get("title") or o["text"][:80]
+    qs["unknown-words"] = "zzqx qqzv"          # no known term: BM25 empty, dense still proposes
+    qs["stop"] = "the of and"
+    return qs
+
+
+def _reference(ix, queries: dict[str, str], k: int, options: dict) -> dict:
+    prep = prepare(ix, dict(options))
+    out = {}
+    for qid, q in queries.items():
+        dn, sc = sira_arrays(ix, q, k, prep)
+        out[qid] = list(zip(ix.index.docs.doc_ids_of(dn), sc.tolist()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dense_ix(ray_session, tmp_path_factory):
+    from funnel.jobs.build_index import build
+    root = str(tmp_path_factory.mktemp("sira-batch-ix"))
+    build(FIXTURE, root, shards=2, dense=True)
+    return open_index(root)
+
+
+OPTIONS = [{}, {"fb_docs": 3, "fb_terms": 4}, {"tau": 0.5, "lambda": 1.5}, {"lambda": 0.0},
+           {"k1": 0.9, "b": 0.4}, {"length_norm": "exact"}, {"fb_docs": 40, "fb_terms": 30}]
+
+
+@pytest.mark.parametrize("proposer", ["prf", "dense", "union"])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_batch_equals_per_query(dense_ix, proposer, options):
+    qs = _queries(FIXTURE)
+    opts = {"proposer": proposer, **options}
+    # without numba (FUNNEL_NUMBA=0) search_batch takes the per-query path: still equal
+    assert batch_available(dense_ix, prepare(dense_ix, dict(opts))) == kernels.HAVE_NUMBA
+    for k in (5, 100):
+        got = dense_ix.search_batch(qs, mode="sira", k=k, **opts)
+        assert list(got) == list(qs)
+        assert got == _reference(dense_ix, qs, k, opts)
+
+
+def test_batch_expands_at_all(dense_ix):
+    """The batch path really adds expansion terms: its ranking differs from plain BM25's."""
+    qs = _queries(FIXTURE)
+    sira = dense_ix.search_batch(qs, mode="sira", k=10, proposer="union")
+    bm25 = dense_ix.search_batch(qs, mode="bm25", k=10)
+    assert sum(sira[q] != bm25.get(q, []) for q in qs) >= len(qs) // 2
+    assert sira["unknown-words"] and not bm25.get("unknown-words")  # dense feedback alone
+
+
+def test_remove_query_and_errors_on_the_batch_path(dense_ix):
+    qs = _queries(FIXTURE)
+    errors = {}
+    got = dense_ix.search_batch({**qs, "empty": "  "}, mode="sira", k=5, proposer="prf", remove_query=True,
+                                errors=errors)
+    assert set(errors) == {"empty"} and "empty" not in got
+    ref = _reference(dense_ix, qs, 6, {"proposer": "prf"})
+    assert got == {q: [h for h in hits if h[0] != q][:5] for q, hits in ref.items()}
+
+
+@pytest.mark.beir
+@pytest.mark.parametrize("ds", ["scifact", "nfcorpus"])
+def test_prf_batch_equals_per_query_on_every_beir_query(ds, ray_session):
+    from funnel.serving.cli import ensure_index
+    ddir = need_shared("beir", ds)
+    ix = open_index(ensure_index(ddir, None, False, 4))
+    qs = {o["_id"]: o["text"] for o in map(json.loads, open(f"{ddir}/queries.jsonl"))}
+    assert ix.search_batch(qs, mode="sira", k=100, proposer="prf") == _reference(ix, qs, 100, {"proposer": "prf"})
