@@ -242,14 +242,46 @@ def _counts(counter, stage: str) -> dict[str, int]:
     return ray.get(counter.get.remote(), timeout=10).get(stage, {})
 
 
+#: Test-only fault injection (tests/test_faults_ray_workers.py), ``STAGE:N:MARKER``: the Ray
+#: worker running item N of STAGE (``parse``: chunk N; ``shard``: shard N) SIGKILLs itself
+#: once, when it is the first to create the file MARKER (which gets its pid); the retry finds
+#: MARKER and goes on. Read in the driver where a stage's function is made; unset, no effect.
+FAULT_ENV = "FUNNEL_FAULT_KILL"
+
+
+def _fault_hook(stage: str):
+    """``die(i)`` for :data:`FAULT_ENV` aimed at ``stage``, else None (the normal case)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or spec.split(":", 1)[0] != stage:
+        return None
+    _, n, marker = spec.split(":", 2)
+
+    def die(i: int) -> None:
+        if i != int(n):
+            return
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:  # the retry of the killed task
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return die
+
+
 def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str, counter=None):
     from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk, shard_of
 
     spec = CorpusSpec(**spec_dict)
+    die = _fault_hook("parse")
 
     def parse(row: dict) -> list[dict]:
         chunk = Chunk(**{k: row[k] for k in ("index", "path", "kind", "start", "end", "row_group")})
         res = read_chunk(chunk, spec)
+        if die is not None:
+            die(chunk.index)
         if counter is not None:
             counter.add.remote("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
         os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
@@ -268,6 +300,7 @@ def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None):
     from funnel.pipelines.shard import build_lexical_shard
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
+    die = _fault_hook("shard")
 
     def analyzed(n: int) -> None:
         counter.add.remote("index", docs=n)
@@ -276,6 +309,8 @@ def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None):
         shard = int(batch["shard"][0])
         s = build_lexical_shard(batch, shard, out_dir, work_dir, cfg,
                                 progress=analyzed if counter is not None else None)
+        if die is not None:  # after the shard's files are written: the retry writes them again
+            die(shard)
         if counter is not None:
             counter.add.remote("index", shards=1)
         return {k: [v] for k, v in s.items()}
@@ -418,6 +453,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build`` at
     INFO: stage, documents done, rate, ETA.
     """
+    from funnel.pipelines import remote
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
@@ -444,8 +480,14 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     log.info("corpus %s: %d chunks, %s; %d shard(s) (%s); engine %s (%s)", corpus, len(chunks), _mib(nbytes),
              shards, shards_why, engine_name, engine_why)
     analyzer = Analyzer()
-    staging = new_staging_dir(out)
-    work = os.path.join(out, ".work-" + os.path.basename(staging).split("-", 1)[1])
+    # A remote INDEX_ROOT (s3://...) is staged in the local cache and uploaded by remote.publish.
+    if remote.is_remote(out):
+        remote.resolve(out)  # bucket and credentials fail here, before the work
+        local, publish_to = remote.local_root(out), remote.publish
+    else:
+        local, publish_to = out, publish
+    staging = new_staging_dir(local)
+    work = os.path.join(local, ".work-" + os.path.basename(staging).split("-", 1)[1])
     os.makedirs(work)
     try:
         ray_info: dict = {}
@@ -455,7 +497,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             ray_info = _init_ray(num_cpus)
             counter = _progress_counter()
             summaries = _ray_lexical(chunks, spec, shards, staging, work, analyzer.config.to_dict(), counter,
-                                     progress_seconds, corpus, out)
+                                     progress_seconds, corpus, local)
         else:
             from funnel.jobs.local_engine import run_lexical
             if num_cpus is not None:
@@ -481,7 +523,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
         if n_docs == 0:
-            kept, _ = _keep_rejects(work, out, staging)
+            kept, _ = _keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {n_rejects} rows were rejected; nothing "
                              f"published. The reasons are in {kept}")
 
@@ -537,7 +579,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         if enrichment is None:
             del manifest["enrichment"]  # an un-enriched manifest stays as it was
-        version = publish(out, staging, manifest, keep=keep_versions)
+        version = publish_to(out, staging, manifest, keep=keep_versions)
     except BaseException:
         release_staging(staging, remove=True)
         raise

@@ -98,8 +98,15 @@ def _map(executor: str, fn, calls: list[tuple]) -> list:
 
 
 def _live_version(root: str) -> tuple[str, str, dict]:
-    """(version, its folder, its verified manifest); clear errors for what cannot be reindexed."""
+    """(version, its folder, its verified manifest); clear errors for what cannot be reindexed.
+
+    A remote root's live version is read from its verified copy in the local cache.
+    """
+    from funnel.pipelines import remote
     from funnel.pipelines.artifacts import IndexFormatError, read_current, verify_version
+    if remote.is_remote(root):
+        vdir, manifest = remote.fetch_version(root, verify="full")
+        return os.path.basename(vdir), vdir, manifest
     if not os.path.isdir(root):
         raise FileNotFoundError(f"index root {root!r} does not exist: reindex updates a published index; "
                                 f"build one first with `funnel build --corpus PATH --out {root}`")
@@ -296,6 +303,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         Nothing to publish (every row rejected, ``--strict``), or the live version
         cannot be reused (another analyzer): run a full build.
     """
+    from funnel.pipelines import remote
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
@@ -308,7 +316,9 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         raise ValueError(f"--keep must be at least 1 (the live version is always kept), got {keep_versions}")
     t0 = time.time()
     timings: dict[str, float] = {}
-    root = os.path.abspath(index_root)
+    root = index_root if remote.is_remote(index_root) else os.path.abspath(index_root)
+    # A remote root (s3://...) is staged in its local cache folder and uploaded by remote.publish.
+    local, publish_to = (remote.local_root(root), remote.publish) if remote.is_remote(root) else (root, publish)
     base, vdir, live = _live_version(root)
     _check_reusable(live, vdir)
     live_spec = (live.get("corpus") or {}).get("spec") or {}
@@ -323,8 +333,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     log.info("reindex %s (live %s, %d shards) from %s: %d chunks, executor %s", root, base, n_shards, corpus,
              len(chunks), executor)
 
-    staging = new_staging_dir(root)
-    work = os.path.join(root, ".work-" + os.path.basename(staging).split("-", 1)[1])
+    staging = new_staging_dir(local)
+    work = os.path.join(local, ".work-" + os.path.basename(staging).split("-", 1)[1])
     os.makedirs(work)
     try:
         ray_info = {"cluster": "none", "executor": "local"}
@@ -359,7 +369,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         log.info("reindex: %d unchanged, %d changed, %d added, %d deleted; %d rejected; %d of %d shards rebuilt",
                  diff["unchanged"], diff["changed"], diff["added"], diff["deleted"], n_rejects, rebuilt, n_shards)
         if n_docs == 0:
-            kept, _ = _keep_rejects(work, root, staging)
+            kept, _ = _keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {sum(r['rows'] + r['rejects'] for r in read)} "
                              f"rows were rejected; nothing published. The reasons are in {kept}")
         if strict and n_rejects:
@@ -408,7 +418,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             timings["dense"] = round(time.time() - t, 2)
         manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
-        version = publish(root, staging, manifest, keep=keep_versions)
+        version = publish_to(root, staging, manifest, keep=keep_versions)
     except BaseException:
         release_staging(staging, remove=True)
         raise

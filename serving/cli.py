@@ -392,6 +392,12 @@ def cmd_demo(a) -> int:
 
 
 def cmd_verify(a) -> int:
+    from funnel.pipelines import remote
+    if remote.is_remote(a.index):  # downloaded afresh, never the local cache's copy
+        version, m = remote.verify_remote(a.index)
+        print(f"{a.index.rstrip('/')}/{version}: OK ({len(m['files'])} files downloaded and checked, "
+              f"{m['collection']['n_docs']} documents; manifest checksum verified)")
+        return 0
     from .index import IndexVersion
     ix = IndexVersion(a.index, verify="full")
     sealed = os.path.exists(os.path.join(ix.dir, "manifest.json.sha256"))
@@ -420,8 +426,9 @@ def cmd_enrich_report(a) -> int:
 
 
 def cmd_gc(a) -> int:
+    from funnel.pipelines import remote
     from funnel.pipelines.artifacts import gc
-    rep = gc(a.index, keep=a.keep)
+    rep = (remote.gc if remote.is_remote(a.index) else gc)(a.index, keep=a.keep)
     if rep.busy:
         print(f"{a.index}: a build or publish holds the lock; nothing removed, try again later", file=sys.stderr)
         return 1

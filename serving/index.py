@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, is_version_name,
                                         list_versions, read_current, verify_version)
@@ -35,7 +36,12 @@ log = logging.getLogger(__name__)
 
 
 def resolve_version_dir(root: str, version: str | None = None) -> str:
-    """The directory of ``version`` (default: the one CURRENT names), with clear errors."""
+    """The directory of ``version`` (default: the one CURRENT names), with clear errors.
+
+    For a remote root (``s3://...``) it is the version's URI: nothing is copied here.
+    """
+    if remote.is_remote(root):
+        return f"{root.rstrip('/')}/{version or remote.current_version(root)}"
     if not os.path.exists(root):
         raise FileNotFoundError(f"index path {root!r} does not exist; build one with `funnel build --corpus ... --out {root}`")
     if os.path.exists(os.path.join(root, "manifest.json")):
@@ -147,10 +153,13 @@ class IndexVersion:
     def __init__(self, root: str, version: str | None = None, verify: str = "full"):
         if verify not in VERIFY_MODES:
             raise ValueError(f"unknown verify mode {verify!r}; choose one of {', '.join(VERIFY_MODES)}")
-        self.dir = resolve_version_dir(root, version)
+        if remote.is_remote(root):  # a verified copy in the local cache, opened as any local version
+            self.dir, self.manifest = remote.fetch_version(root, version, verify)
+        else:
+            self.dir = resolve_version_dir(root, version)
+            self.manifest = verify_version(self.dir, verify)
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
-        self.manifest = verify_version(self.dir, verify)
         try:
             self._load()
         except IndexFormatError:
@@ -198,6 +207,8 @@ def _stat_key(path: str) -> tuple | None:
 
 
 def _peek_current(root: str) -> str | None:
+    if remote.is_remote(root):
+        return remote.peek_current(root)
     try:
         with open(os.path.join(root, CURRENT), "rb") as f:
             return f.read(200).decode("utf-8", "replace").strip() or None
