@@ -4,6 +4,7 @@
     INDEX_ROOT/.lock                   flock: publish, retention and gc hold it exclusively
     INDEX_ROOT/v000001/                immutable once published; manifest.json lists every file's sha256
     INDEX_ROOT/v000001/manifest.json.sha256   the manifest's own sha256 (``sha256sum -c`` format)
+    INDEX_ROOT/.readers/<host>-<pid>-<id>.json   a reader's lease on the version it has open
 
 A build writes into ``INDEX_ROOT/.staging-<id>/`` (holding a lock on its ``.build.lock``
 while it lives), fsyncs every file, and ``publish`` then, under the root's lock, renames
@@ -11,6 +12,13 @@ the folder to the next free ``vNNNNNN`` and moves ``CURRENT``: readers never see
 half-written version, a failed build leaves the live one untouched, and two publishes at
 once never leave CURRENT on a deleted or an older version. ``gc`` removes what killed
 builds leave behind (their lock is gone) and versions beyond a retention count.
+
+Readers may sit on other machines (an NFS or other shared INDEX_ROOT), where no lock or
+process table tells a publisher what they hold open. Each open version therefore keeps a
+:class:`ReaderLease`: a small file naming the version and an expiry, renewed in the
+background; retention and gc never remove a version with a live lease (expired ones, and
+those of dead processes on this host, are cleaned up). A reader that dies without
+releasing holds its version at most ``READER_LEASE_S`` longer.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +55,9 @@ UNLOCKED_GRACE_S = 600                  # gc leaves a staging folder with no loc
 _VERSION_RE = re.compile(r"v[0-9]{6}")  # used with fullmatch: no trailing newline, ASCII digits
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _NOT_VERSION_FILES = {MANIFEST, MANIFEST_SUM, BUILD_LOCK}
+READERS = ".readers"                    # INDEX_ROOT/.readers/: one lease file per open version
+#: A reader's lease lasts this long unless renewed (every third of it, in the background).
+READER_LEASE_S = float(os.environ.get("FUNNEL_READER_LEASE_S") or 300)
 
 
 class IndexFormatError(ValueError):
@@ -263,6 +276,7 @@ def _retire(root: str, keep: int, protect: set[str]) -> list[str]:
     Under the root lock; the renames are atomic, the slow deletes happen after it is released.
     """
     trash = []
+    protect = protect | leased_versions(root)
     for old in list_versions(root)[:-keep]:
         if old in protect:
             continue
@@ -433,6 +447,119 @@ def verify_version(version_dir: str, mode: str = "full") -> dict:
     return m
 
 
+# -- readers' leases ---------------------------------------------------------------------
+
+
+class ReaderLease:
+    """A searcher's claim on ``root/version``: ``root/.readers/<host>-<pid>-<id>.json`` with
+    the version and an expiry ``lease_s`` ahead, renewed every third of that by one
+    background thread per process, removed by :meth:`release`. Writing it is best effort:
+    on a read-only root the reader still works (and is unprotected; logged once).
+    """
+
+    _live: "weakref.WeakSet[ReaderLease]"
+    _thread: threading.Thread | None = None
+    _guard = threading.Lock()
+
+    def __init__(self, root: str, version: str, lease_s: float | None = None):
+        self.root, self.version = root, version
+        self.lease_s = float(lease_s or READER_LEASE_S)
+        self.path = os.path.join(root, READERS, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json")
+        self.released = False
+        self.renew()
+        with ReaderLease._guard:
+            ReaderLease._live.add(self)
+            if ReaderLease._thread is None or not ReaderLease._thread.is_alive():
+                ReaderLease._thread = threading.Thread(target=ReaderLease._renew_all, name="funnel-reader-leases",
+                                                       daemon=True)
+                ReaderLease._thread.start()
+
+    def renew(self) -> None:
+        if self.released:
+            return
+        body = {"version": self.version, "host": socket.gethostname(), "pid": os.getpid(),
+                "expires_at": time.time() + self.lease_s}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{uuid.uuid4().hex[:6]}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(body, f)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                log.warning("cannot write the reader lease %s (%s): retention and gc elsewhere may delete %s "
+                            "while it is open", self.path, e, self.version)
+
+    def release(self) -> None:
+        self.released = True
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    @classmethod
+    def _renew_all(cls) -> None:
+        while True:
+            with cls._guard:
+                leases = list(cls._live)
+            wait = min((x.lease_s for x in leases), default=READER_LEASE_S) / 3
+            time.sleep(max(0.05, wait))
+            for x in leases:
+                x.renew()
+
+
+ReaderLease._live = weakref.WeakSet()
+
+
+def _lease_alive(body: dict, now: float) -> bool:
+    if float(body.get("expires_at", 0)) <= now:
+        return False
+    if body.get("host") == socket.gethostname():  # same machine: a dead process holds nothing
+        try:
+            os.kill(int(body["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, KeyError, ValueError, TypeError):
+            pass
+    return True
+
+
+def leased_versions(root: str, report: "GcReport | None" = None) -> set[str]:
+    """Versions under ``root`` that a live reader lease names; expired or dead leases (and
+    unreadable ones older than a lease) are removed on the way."""
+    d = os.path.join(root, READERS)
+    out: set[str] = set()
+    now = time.time()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(d, name)
+        try:
+            with open(path) as f:
+                body = json.load(f)
+            alive = _lease_alive(body, now)
+        except (OSError, ValueError, AttributeError):
+            try:
+                alive = now - os.lstat(path).st_mtime < READER_LEASE_S  # a lease being written
+            except OSError:
+                continue
+            body = {}
+        if alive:
+            if is_version_name(str(body.get("version", ""))):
+                out.add(body["version"])
+            continue
+        try:
+            os.unlink(path)
+            if report is not None:
+                report.removed.append((path, 0))
+        except OSError:
+            pass
+    return out
+
+
 # -- garbage collection -----------------------------------------------------------------
 
 
@@ -532,8 +659,13 @@ def _gc_versions(root: str, keep: int, report: GcReport) -> None:
     if cur is None or not os.path.isdir(os.path.join(root, cur)):
         report.kept.append((root, f"versions left as they are: {why}"))
         return
+    leased = leased_versions(root, report)
     for old in list_versions(root)[:-keep]:
-        if old != cur:
+        if old in leased:
+            report.kept.append((os.path.join(root, old), "a reader holds a lease on it (open in a searcher, "
+                                                         f"here or on another machine; at most {READER_LEASE_S:g} s "
+                                                         "after the reader is gone)"))
+        elif old != cur:
             # Renamed first, so a crash mid-delete never leaves a partial vNNNNNN behind.
             dst = os.path.join(root, f".trash-{old}-{uuid.uuid4().hex[:8]}")
             os.rename(os.path.join(root, old), dst)

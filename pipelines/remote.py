@@ -329,8 +329,8 @@ def fetch_version(uri: str, version: str | None = None, verify: str = "full") ->
 
 def _prune_cache(rr: RemoteRoot, cache: str, keep: set[str], report: GcReport | None = None) -> None:
     """Remove cached copies of versions the store no longer has (retention or gc removed them)."""
-    from .artifacts import _remove
-    remaining = set(list_versions(rr, complete=False)) | keep
+    from .artifacts import _remove, leased_versions
+    remaining = set(list_versions(rr, complete=False)) | keep | leased_versions(cache)
     report = report if report is not None else GcReport()
     for name in sorted(os.listdir(cache)):
         if is_version_name(name) and name not in remaining:

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from datetime import datetime, timezone
 from typing import Callable, Generic, TypeVar
 
@@ -23,8 +24,8 @@ import pyarrow.parquet as pq
 
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, is_version_name,
-                                        list_versions, read_current, verify_version)
+from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
+                                        is_version_name, list_versions, read_current, verify_version)
 from funnel.pipelines.postings import load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import load_vocabulary
@@ -155,9 +156,13 @@ class IndexVersion:
             raise ValueError(f"unknown verify mode {verify!r}; choose one of {', '.join(VERIFY_MODES)}")
         if remote.is_remote(root):  # a verified copy in the local cache, opened as any local version
             self.dir, self.manifest = remote.fetch_version(root, version, verify)
+            self._lease = _lease(self.dir)
         else:
             self.dir = resolve_version_dir(root, version)
+            self._lease = _lease(self.dir)  # before reading: retention and gc now leave it alone
             self.manifest = verify_version(self.dir, verify)
+        if self._lease is not None:  # released when this object goes (a follower's switch drops it)
+            weakref.finalize(self, self._lease.release)
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
         try:
@@ -193,6 +198,14 @@ class IndexVersion:
         self.shards = [ShardScorer(load_shard(os.path.join(self.dir, "lexical", shard_name(s))), self.avgdl)
                        for s in range(self.n_shards)]
         self.docs = DocStore(self.dir, self.n_shards)
+
+
+def _lease(version_dir: str) -> ReaderLease | None:
+    """A reader lease on ``version_dir`` when it is a ``vNNNNNN`` folder of an index root."""
+    path = os.path.normpath(version_dir)
+    if not is_version_name(os.path.basename(path)):
+        return None
+    return ReaderLease(os.path.dirname(path), os.path.basename(path))
 
 
 T = TypeVar("T")
