@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
-from .postings import build_postings, write_shard
+from .postings import PostingsBuilder, write_shard
 
 #: Documents analyzed between two ``progress`` calls of :func:`build_lexical_shard`.
 PROGRESS_EVERY = 1000
@@ -56,14 +56,14 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
     titles = [str(rows["title"][i]) for i in keep]
     texts = [str(rows["text"][i]) for i in keep]
     hashes = [str(rows["content_hash"][i]) for i in keep]
-    tokens = []
-    for t, x in zip(titles, texts):
-        tokens.append(analyzer.analyze(flat_document(t, x)))
-        if progress is not None and len(tokens) % PROGRESS_EVERY == 0:
+    builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
+    for i, (t, x) in enumerate(zip(titles, texts), start=1):
+        builder.add(analyzer.analyze(flat_document(t, x)))
+        if progress is not None and i % PROGRESS_EVERY == 0:
             progress(PROGRESS_EVERY)
-    if progress is not None and len(tokens) % PROGRESS_EVERY:
-        progress(len(tokens) % PROGRESS_EVERY)
-    post = build_postings(tokens)
+    if progress is not None and len(texts) % PROGRESS_EVERY:
+        progress(len(texts) % PROGRESS_EVERY)
+    post = builder.finish()
     name = shard_name(shard)
     write_shard(os.path.join(out_dir, "lexical", name), post)
     os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
@@ -103,11 +103,12 @@ def rebuild_lexical_shard(out_dir: str, shard: int, extra_tokens: dict[int, list
     order = t.column("local_id").to_pylist()
     if order != list(range(len(order))):
         raise RuntimeError(f"{name}: local ids of the stored documents are not 0..n-1")
-    tokens = [analyzer.analyze(flat_document(ti, x)) + list(extra_tokens.get(i, ()))
-              for i, (ti, x) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist()))]
-    post = build_postings(tokens)
+    builder = PostingsBuilder()
+    for i, (ti, x) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
+        builder.add(analyzer.analyze(flat_document(ti, x)) + list(extra_tokens.get(i, ())))
+    post = builder.finish()
     write_shard(os.path.join(out_dir, "lexical", name), post)
-    return {"n_docs": len(tokens), "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
+    return {"n_docs": post.n_docs, "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
             "total_terms": post.total_terms, "n_terms": len(post.terms)}
 
 
