@@ -61,6 +61,7 @@ class ReindexReport:
     stage_seconds: dict = field(default_factory=dict)
     rejects_path: str = ""
     dense: dict | None = None     # vectors: reused (from the live version), from_cache, embedded
+    enrichment: dict | None = None  # an enriched index's new enrichment section (its counts: cached, asked)
 
     @property
     def published(self) -> bool:
@@ -128,8 +129,6 @@ def _check_reusable(manifest: dict, vdir: str) -> None:
     if live.get("fingerprint") != now["fingerprint"]:
         raise BuildError(f"{vdir} was analyzed with {live} and this funnel analyzes with {now}: its postings "
                          "cannot be reused. Run a full build (funnel build) instead")
-    if manifest.get("enrichment"):
-        raise BuildError(f"{vdir} holds SIRA enrichments, which reindex does not carry over yet: run a full build")
     if not manifest.get("shards"):
         raise BuildError(f"{vdir}: its manifest lists no shards; run a full build")
 
@@ -252,6 +251,84 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
     return info, {"reused": reused, "from_cache": n_delta - embedded, "embedded": embedded}
 
 
+# -- an enriched live version ----------------------------------------------------------------
+
+
+def enrich_settings_of(section: dict, llm: tuple[str, str] | None = None):
+    """The :class:`EnrichSettings` an enriched version was built with (its manifest section).
+
+    ``llm`` = (base_url, model) replaces the endpoint; ``("local", ...)`` is the embedded
+    SmolLM2. Without it: a version enriched by the local SmolLM2 (its manifest says base_url
+    ``loopback`` and the SmolLM2 model) uses it again; another loopback endpoint must be named,
+    since its port is gone.
+    """
+    import dataclasses
+
+    from funnel.pipelines.enrich import PROMPT_VERSION, EnrichSettings
+    from funnel.serving.chat import SMOLLM2_GGUF
+    kw = {f.name: section[f.name] for f in dataclasses.fields(EnrichSettings) if f.name in section}
+    if llm is not None:
+        kw["base_url"], kw["model"] = llm
+    elif kw.get("base_url") == "loopback":
+        if kw.get("model") != SMOLLM2_GGUF.removesuffix(".gguf"):
+            raise BuildError(f"the live version was enriched by {kw.get('model')!r} on a loopback endpoint that "
+                             "is gone: name it with --llm-base-url URL --llm-model NAME (or --llm local)")
+        kw["base_url"] = "local"
+    if section.get("prompt_version") != PROMPT_VERSION:
+        log.warning("the live version's enrichment prompt is %s, this funnel's %s: every document is asked again",
+                    section.get("prompt_version"), PROMPT_VERSION)
+    return EnrichSettings(**kw)
+
+
+def _content_diff(old_dir: str, new_dir: str) -> dict[str, int]:
+    """unchanged / changed / added / deleted between two versions' (doc_id, content_hash)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    def pairs(vdir: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for f in sorted(glob.glob(os.path.join(vdir, "docs", "shard-*.parquet"))):
+            t = pq.read_table(f, columns=["doc_id", "content_hash"])
+            out.update(zip(t.column("doc_id").to_pylist(), t.column("content_hash").to_pylist()))
+        return out
+
+    old, new = pairs(old_dir), pairs(new_dir)
+    both = old.keys() & new.keys()
+    changed = sum(old[d] != new[d] for d in both)
+    return {"unchanged": len(both) - changed, "changed": changed, "added": len(new.keys() - old.keys()),
+            "deleted": len(old.keys() - new.keys())}
+
+
+def _reindex_enriched(root: str, local: str, corpus: str, base: str, vdir: str, live: dict, spec, *, dense,
+                      keep_versions, strict, embed_model, embed_batch_size, executor, num_cpus, llm,
+                      enrich_cache, t0: float) -> ReindexReport:
+    """An enriched live version: a full build with its enrichment settings and shard count.
+
+    Injected phrases depend on the DF of the whole un-enriched corpus (the filter's
+    ``tau·N``), so one changed document can change what every other document keeps; the
+    un-enriched postings are not stored to patch. Every document is analyzed again, and the
+    LLM is asked only about new and changed ones (the enrichment cache keyed by content
+    hash); vectors come from the embedding cache. The result is a full build's by
+    construction.
+    """
+    from funnel.jobs.build_index import build
+    settings = enrich_settings_of(live["enrichment"], llm)
+    want_dense = bool(live.get("dense")) if dense is None else bool(dense)
+    model = embed_model or ((live.get("dense") or {}).get("fingerprint") or {}).get("model") or "all-MiniLM-L6-v2"
+    log.info("reindex %s: the live %s is SIRA-enriched (%s): a full build reusing the enrichment and embedding "
+             "caches", root, base, settings.prompt_id)
+    rep = build(corpus, root, shards=len(live["shards"]), strict=strict, fmt=spec.format, id_field=spec.id_field,
+                title_field=spec.title_field, text_field=spec.text_field, keep_versions=keep_versions,
+                dense=want_dense, embed_model=model, embed_batch_size=embed_batch_size, num_cpus=num_cpus,
+                engine="ray" if executor == "ray" else "local", enrich=settings, enrich_cache=enrich_cache)
+    diff = _content_diff(vdir, os.path.join(local, rep.version))
+    secs = round(time.time() - t0, 2)
+    return ReindexReport(rep.version, base, root, rep.n_docs, rep.n_rejects, **diff, shards_rebuilt=rep.n_shards,
+                         n_shards=rep.n_shards, seconds=secs, executor=executor, stage_seconds=rep.stage_seconds,
+                         rejects_path=rep.rejects_path, enrichment=rep.enrichment)
+
+
 # -- the job ---------------------------------------------------------------------------------
 
 
@@ -260,7 +337,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             text_field: str | None = None, strict: bool = False, force: bool = False,
             embed_model: str | None = None, embed_batch_size: int = 64, executor: str = "auto",
             num_cpus: int | None = None, chunk_bytes: int = 4 << 20,
-            embed_cache: str | None = "default") -> ReindexReport:
+            embed_cache: str | None = "default", llm: tuple[str, str] | None = None,
+            enrich_cache: str | None = "default") -> ReindexReport:
     """Publish the next version of ``index_root`` for ``corpus``, reusing the live version.
 
     Parameters
@@ -287,6 +365,10 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         See the module docstring.
     embed_cache : str, optional
         Embedding cache root; ``"default"`` is ``$FUNNEL_CACHE/embeddings``, None: off.
+    llm, enrich_cache : optional
+        For a SIRA-enriched index (a full build with its settings, see
+        :func:`_reindex_enriched`): the LLM endpoint (base_url, model), default the one it
+        was built with (:func:`enrich_settings_of`), and the enrichment cache root.
 
     Returns
     -------
@@ -330,6 +412,11 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     n_shards = len(live["shards"])
     want_dense = bool(live.get("dense")) if dense is None else bool(dense)
     executor = _pick_executor(executor)
+    if live.get("enrichment"):
+        return _reindex_enriched(root, local, corpus, base, vdir, live, spec, dense=dense,
+                                 keep_versions=keep_versions, strict=strict, embed_model=embed_model,
+                                 embed_batch_size=embed_batch_size, executor=executor, num_cpus=num_cpus, llm=llm,
+                                 enrich_cache=enrich_cache, t0=t0)
     log.info("reindex %s (live %s, %d shards) from %s: %d chunks, executor %s", root, base, n_shards, corpus,
              len(chunks), executor)
 
@@ -468,6 +555,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "RAY_ADDRESS is set (ray job submit), else local (default: auto)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs of a local Ray that --executor ray starts (default: all of this machine's)")
+    p.add_argument("--llm", default=None, choices=["local"],
+                   help="a SIRA-enriched index: enrich new and changed documents with the embedded SmolLM2 "
+                        "(default: the endpoint the index was built with)")
+    p.add_argument("--llm-base-url", default=None, help="a SIRA-enriched index: the OpenAI-compatible endpoint "
+                                                        "for new and changed documents (default: as built)")
+    p.add_argument("--llm-model", default=None, help="the model name at --llm-base-url (default: as built)")
+    p.add_argument("--enrich-cache", default="default",
+                   help="a SIRA-enriched index: the enrichment cache root (default: $FUNNEL_CACHE/enrichment; "
+                        "'none': off)")
+
+
+def _llm_of(a: argparse.Namespace) -> tuple[str, str] | None:
+    if getattr(a, "llm", None) == "local":
+        return ("local", "local")
+    if getattr(a, "llm_base_url", None):
+        if not a.llm_model:
+            raise ValueError("--llm-base-url needs --llm-model")
+        return (a.llm_base_url, a.llm_model)
+    return None
 
 
 def describe_report(rep: ReindexReport) -> str:
@@ -481,6 +587,10 @@ def describe_report(rep: ReindexReport) -> str:
     if rep.dense:
         lines.append(f"  dense: {rep.dense['reused']} vectors reused, {rep.dense['from_cache']} from the cache, "
                      f"{rep.dense['embedded']} embedded")
+    if rep.enrichment:
+        c = rep.enrichment["counts"]
+        lines.append(f"  enriched index, rebuilt in full: {c['cached']} documents' phrases from the cache, "
+                     f"{c['enriched']} asked of {rep.enrichment['model']}, {c['failed']} failed")
     return "\n".join(lines)
 
 
@@ -488,7 +598,7 @@ def run_from_args(a: argparse.Namespace) -> ReindexReport:
     rep = reindex(a.index, a.corpus, dense=a.dense, keep_versions=a.keep_versions, fmt=a.fmt, id_field=a.id_field,
                   title_field=a.title_field, text_field=a.text_field, strict=a.strict, force=a.force,
                   embed_model=a.embed_model, embed_batch_size=a.embed_batch_size, executor=a.executor,
-                  num_cpus=a.num_cpus)
+                  num_cpus=a.num_cpus, llm=_llm_of(a), enrich_cache=None if a.enrich_cache == "none" else a.enrich_cache)
     print(describe_report(rep))
     return rep
 

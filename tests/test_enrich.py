@@ -17,6 +17,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from funnel.jobs.build_index import BuildError
 from funnel.pipelines.analysis import Analyzer
 from funnel.pipelines.enrich import (EnrichmentCache, EnrichSettings, filter_phrase, injection_terms,
                                      ngram_doc_freq, parse_keywords, propose_documents)
@@ -324,3 +325,49 @@ def test_build_cli_flags(server, tmp_path, capsys):
     assert m["task"] == "qa" and m["max_n"] == 1 and m["tau"] == 0.5
     assert main(["build", "--corpus", corpus, "--out", str(tmp_path / "ix2"), "--enrich"]) == 2
     assert "--enrich needs an LLM" in capsys.readouterr().err
+
+
+def test_reindex_of_an_enriched_index_is_a_full_enriched_build_asking_only_about_new_text(built, server,
+                                                                                         tmp_path):
+    """Reindex carries enrichment over (issue 16): the result equals a full enriched build of
+    the changed corpus, and the LLM is asked only about changed and new documents (plus, if
+    not cached yet, the ones that failed before)."""
+    import shutil
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from funnel.jobs.build_index import build
+    from funnel.jobs.reindex import reindex
+    from funnel.serving.search import open_index
+    rows = corpus_rows()
+    rows[0]["text"] += " The outcome was recorded again."        # changed: Cardiac arrest outcomes
+    deleted = rows.pop()                                           # deleted: Skin cancer screening
+    rows.append({"_id": "d42", "title": "Migraine prevention", "text": "A new trial of headache drugs."})
+    corpus = write_jsonl(tmp_path / "corpus2.jsonl", rows)
+    root = str(tmp_path / "ix")
+    shutil.copytree(built["enriched"], root)
+    server.app.state.requests.clear()
+    rep = reindex(root, corpus, llm=(server.base_url, "scripted"), enrich_cache=built["cache"])
+    asked = set(server.app.state.requests)
+    assert {"Cardiac arrest outcomes", "Migraine prevention"} <= asked <= \
+        {"Cardiac arrest outcomes", "Migraine prevention"} | FAILING
+    assert (rep.changed, rep.added, rep.deleted, rep.unchanged) == (1, 1, 1, 8) and rep.enrichment
+    full = str(tmp_path / "full")
+    build(corpus, full, shards=2, engine="local", enrich=settings(server), enrich_cache=built["cache"])
+    a, b = _version(root), _version(full)
+    for s in range(2):
+        for name in ("indptr", "docs", "tfs", "doclen", "term_gid"):
+            fa, fb = (os.path.join(v, "lexical", f"shard-{s:04d}", f"{name}.npy") for v in (a, b))
+            assert np.array_equal(np.load(fa), np.load(fb)), (s, name)
+        fa, fb = (os.path.join(v, "docs", f"shard-{s:04d}.parquet") for v in (a, b))
+        assert pq.read_table(fa).equals(pq.read_table(fb))
+    q = "SELECT term, df, cf FROM terms ORDER BY term"
+    ta, tb = (duckdb.connect(os.path.join(v, "stats.duckdb"), read_only=True) for v in (a, b))
+    assert ta.execute(q).fetchall() == tb.execute(q).fetchall()
+    ta.close()
+    tb.close()
+    hits = open_index(root).search("myocardial infarction headache", k=10).hits
+    assert deleted["_id"] not in {h.doc_id for h in hits}
+    with pytest.raises(BuildError, match="loopback endpoint that is gone"):  # the port is not recorded
+        reindex(root, corpus, enrich_cache=built["cache"])
