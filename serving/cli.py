@@ -459,7 +459,7 @@ def cmd_serve(a) -> int:
     token = _token(a)
     from .http import DEFAULT_MAX_BODY_BYTES, serve
     return serve(a.index, host=a.host, port=a.port, token=token, insecure=a.insecure,
-                 max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a))
+                 max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a), allow_hosts=a.allow_host)
 
 
 def cmd_mcp(a) -> int:
@@ -702,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every path but /health (/docs "
                                     "included); needed beyond loopback; an empty token is refused "
                                     "(default: $FUNNEL_TOKEN, else no token)")
+    sv.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="a Host header to accept besides loopback and this machine's names (DNS-rebinding "
+                         "protection: any other gets 421), e.g. the name behind a proxy; repeatable (default: none)")
     _add_exposure_arguments(sv)
     sv.add_argument("--chat", metavar="BASE_URL#MODEL", default=None,
                     help="OpenAI-compatible chat endpoint for SIRA's llm proposer and hybrid expansions "

@@ -31,10 +31,11 @@ import ipaddress
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 from collections import deque
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Iterable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -345,9 +346,45 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> list[str]:
+    """Host header values the streamable HTTP server accepts (DNS-rebinding protection).
+
+    The loopback names always; ``host`` itself when it names one address; for a wildcard
+    (``0.0.0.0``, ``::``) this machine's host name, fully qualified name and their addresses;
+    and ``extra`` (``--allow-host``). Each with any port (``name:*``) and without one.
+    """
+    names = {"127.0.0.1", "localhost", "::1"}
+    if host in ("0.0.0.0", "::", ""):
+        hostname = socket.gethostname()
+        names |= {hostname, socket.getfqdn()}
+        try:
+            names |= {str(info[4][0]) for info in socket.getaddrinfo(hostname, None)}
+        except OSError:  # a host name that does not resolve: names only
+            pass
+    else:
+        names.add(host)
+    names |= {e.strip() for e in extra if e.strip()}
+    out = []
+    for name in sorted(n.lower() for n in names):
+        if _is_ipv6(name):  # bracketed, as in a Host header
+            name = f"[{name}]"
+        out += [name, f"{name}:*"]
+    return out
+
+
+def _is_ipv6(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).version == 6
+    except ValueError:
+        return False
+
+
 class RequestGuard:
     """ASGI middleware: what a request must pass before the app sees it, cheapest check first.
 
+    0. With ``hosts`` (:func:`allowed_hosts` patterns), a ``Host`` header naming another
+       host: 421 (DNS-rebinding protection: a web page's script cannot reach a loopback
+       server through a name it controls).
     1. A declared ``Content-Length`` over ``max_body_bytes``: 413, before anything is read
        and before the token check.
     2. With a ``token``, a missing or wrong ``Authorization: Bearer TOKEN`` on any path but
@@ -361,13 +398,24 @@ class RequestGuard:
     """
 
     def __init__(self, app: ASGIApp, *, token: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, open_paths: frozenset[str] = frozenset()):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, open_paths: frozenset[str] = frozenset(),
+                 hosts: Iterable[str] | None = None):
         if max_body_bytes < 0:
             raise ValueError(f"max_body_bytes must be 0 or more, got {max_body_bytes}")
         self.app = app
+        pats = list(hosts) if hosts is not None else None
+        self._hosts = None if pats is None else {p for p in pats if not p.endswith(":*")}
+        self._any_port = None if pats is None else {p[:-2] for p in pats if p.endswith(":*")}
         self.max_body_bytes = max_body_bytes
         self.open_paths = open_paths
         self._expected = f"Bearer {token}".encode() if token else None
+
+    def _host_ok(self, value: str) -> bool:
+        v = value.strip().lower()
+        if v in self._hosts:
+            return True
+        name, sep, port = v.rpartition(":")
+        return bool(sep) and port.isdigit() and name in self._any_port
 
     def _too_large(self, what: str) -> JSONResponse:
         return _error(413, f"request body too large: {what}; the limit is {self.max_body_bytes:,} bytes "
@@ -378,6 +426,10 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        if self._hosts is not None and not self._host_ok(headers.get("host", "")):
+            await _error(421, f"Host {headers.get('host', '')[:80]!r} is not served here (DNS-rebinding protection); "
+                              "start the server with --allow-host NAME to accept it")(scope, receive, send)
+            return
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():
@@ -414,7 +466,8 @@ class RequestGuard:
 
 
 def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None = None,
-               refresh_interval: float = 1.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               refresh_interval: float = 1.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               hosts: Iterable[str] | None = None) -> FastAPI:
     """Build the FastAPI app over a searcher (or an index root, opened here).
 
     Parameters
@@ -440,7 +493,7 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     app = FastAPI(title="funnel", summary="Retrieval for agents: a summary, hits and a trace per query.")
     app.state.searcher = searcher
     _install_error_handlers(app)
-    app.add_middleware(RequestGuard, token=token, max_body_bytes=max_body_bytes,
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=max_body_bytes, hosts=hosts,
                        open_paths=frozenset({"/health"}))
 
     def refreshed() -> Searcher:
@@ -485,7 +538,8 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
 
 
 def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None) -> int:
+          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
+          allow_hosts: Iterable[str] = ()) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
     Once listening, logs (INFO) the URL, the index and version, the modes it answers and
@@ -507,6 +561,9 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         Largest request body accepted (413 beyond it, before the token check).
     chat
         A ``ChatProvider`` for SIRA's llm proposer and hybrid expansions (optional).
+    allow_hosts
+        ``Host`` header names accepted besides loopback and ``host`` itself (behind a proxy,
+        the name clients use); any other gets 421 (:func:`allowed_hosts`).
 
     Returns
     -------
@@ -526,7 +583,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
     check_exposure(host, token, insecure, f"the HTTP API for {index_root}")
     app = create_app(open_index(index_root, chat=chat) if chat is not None else index_root,
-                     token=token, max_body_bytes=max_body_bytes)
+                     token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts))
     searcher = app.state.searcher
 
     class Server(uvicorn.Server):

@@ -34,9 +34,7 @@ request naming any other host is a 421. The token alone would stop a rebinding p
 (a browser cannot add the header), but the check also protects ``--insecure`` servers.
 """
 
-import ipaddress
 import logging
-import socket
 from typing import Annotated, Any, Iterable
 
 from pydantic import Field
@@ -48,7 +46,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .http import (DEFAULT_MAX_BODY_BYTES, MAX_MODE_CHARS, MAX_TERM_CHARS, MAX_TERMS, RefreshThrottle,
+from .http import (DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS, MAX_TERMS, RefreshThrottle,
                    RequestGuard, Term, Text, check_exposure, check_options, servable_modes,
                    term_stats as term_stats_of)
 from .result import SearchResult
@@ -148,39 +146,6 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
         return _text_result("\n".join(lines), stats)
 
     return server
-
-
-def allowed_hosts(host: str, extra: Iterable[str] = ()) -> list[str]:
-    """Host header values the streamable HTTP server accepts (DNS-rebinding protection).
-
-    The loopback names always; ``host`` itself when it names one address; for a wildcard
-    (``0.0.0.0``, ``::``) this machine's host name, fully qualified name and their addresses;
-    and ``extra`` (``--allow-host``). Each with any port (``name:*``) and without one.
-    """
-    names = {"127.0.0.1", "localhost", "::1"}
-    if host in ("0.0.0.0", "::", ""):
-        hostname = socket.gethostname()
-        names |= {hostname, socket.getfqdn()}
-        try:
-            names |= {str(info[4][0]) for info in socket.getaddrinfo(hostname, None)}
-        except OSError:  # a host name that does not resolve: names only
-            pass
-    else:
-        names.add(host)
-    names |= {e.strip() for e in extra if e.strip()}
-    out = []
-    for name in sorted(n.lower() for n in names):
-        if _is_ipv6(name):  # bracketed, as in a Host header
-            name = f"[{name}]"
-        out += [name, f"{name}:*"]
-    return out
-
-
-def _is_ipv6(name: str) -> bool:
-    try:
-        return ipaddress.ip_address(name).version == 6
-    except ValueError:
-        return False
 
 
 def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,

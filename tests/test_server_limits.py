@@ -413,3 +413,20 @@ def test_mcp_on_all_interfaces_keeps_the_host_check(demo_index_1):
         assert _initialize(port, AUTH, host=f"search.example.org:{port}").status_code == 200
         assert _initialize(port, AUTH, host=f"127.0.0.1:{port}").status_code == 200
         assert _initialize(port, host=f"127.0.0.1:{port}").status_code == 401
+
+
+def test_http_api_checks_the_host_header(demo_index_1):
+    """DNS rebinding: a page on attacker.example resolving its name to 127.0.0.1 must not
+    reach the loopback API; the check comes before the token and any work (issue 16)."""
+    port = free_port()
+    with funnel_process("serve", demo_index_1, "--port", str(port), "--allow-host", "search.example.org") \
+            as (proc, output):
+        wait_listening(proc, output, port, "funnel serve")
+        url = f"http://127.0.0.1:{port}/search"
+        r = httpx.post(url, json={"query": QUERY}, headers={"Host": f"attacker.example:{port}"}, timeout=30)
+        assert r.status_code == 421 and "--allow-host" in r.json()["error"], r.text
+        r = httpx.get(f"http://127.0.0.1:{port}/health", headers={"Host": "attacker.example"}, timeout=30)
+        assert r.status_code == 421
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"search.example.org:{port}"):
+            r = httpx.post(url, json={"query": QUERY, "k": 2}, headers={"Host": host}, timeout=30)
+            assert r.status_code == 200 and len(r.json()["hits"]) == 2, (host, r.text)
