@@ -556,17 +556,105 @@ if HAVE_NUMBA:
         return n
 
     @njit(cache=True, nogil=True)
+    def _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, m):
+        """Add every listed term's ``weight · tf/(tf + denom)`` to ``acc`` (term-at-a-time, in
+        order, the same arithmetic as ``_score_shard``'s exhaustive loop), recording first-seen
+        documents in ``touched`` after the ``m`` already there; returns the new count."""
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
+        um = np.uint64(m)
+        for i in range(local.shape[0]):
+            li = local[i]
+            if li < 0:
+                continue
+            w = weights[i]
+            for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+                d = np.uint64(docs[p])
+                tf = np.uint64(tfs[p])
+                c = np.uint64(code[d])
+                if tf < ucap:
+                    imp = itab[tf * nt + c]
+                else:
+                    x = np.float64(tf)
+                    imp = x / (x + table[c])
+                a = acc[d]
+                touched[um] = d
+                um += np.uint64(a == 0.0)
+                acc[d] = a + w * imp
+        return np.int64(um)
+
+    @njit(cache=True, nogil=True)
+    def _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, gids, weights, mcount):
+        """:func:`_accumulate` over every shard (``mcount[s]``: shard s's touched count)."""
+        cap = itab.shape[0] // table.shape[0]
+        local = np.empty(gids.shape[0], dtype=np.int64)
+        for s in range(meta.shape[0]):
+            if gids.shape[0] == 0 or not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+                continue
+            lo, hi = doc_off[s], doc_off[s + 1]
+            mcount[s] = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
+                                    _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
+                                    cap, local, weights, acc[lo:hi], touched[lo:hi + 1], mcount[s])
+
+    @njit(cache=True, nogil=True)
+    def _top_of(doc_off, id_rank, acc, touched, mcount, k, zero):
+        """(docnos, scores) of the best ``k`` accumulated documents of every shard, ranked as
+        ``search_shards`` ranks (score descending, then doc_id); with ``zero`` the
+        accumulators are reset (and ``mcount`` too)."""
+        hv = np.empty(k)
+        hr = np.empty(k, dtype=np.int64)
+        hd = np.empty(k, dtype=np.int64)
+        n = 0
+        for s in range(mcount.shape[0]):
+            if mcount[s] == 0:
+                continue
+            lo, hi = doc_off[s], doc_off[s + 1]
+            n = _push_scores(acc[lo:hi], touched[lo:hi + 1], mcount[s], id_rank[lo:hi], np.int64(s) << 32,
+                             hv, hr, hd, n, zero)
+            if zero:
+                mcount[s] = 0
+        return _heap_sorted(hv, hr, hd, n)
+
+    @njit(cache=True, nogil=True)
+    def _canonical(gids, raw, idf):
+        """(gids, raw · idf) in the canonical term order: weight descending, then gid ascending;
+        zero weights dropped (as ``BM25Retriever.weights`` drops them)."""
+        by_id = np.argsort(gids)
+        g = gids[by_id]
+        w = raw[by_id]
+        keep = np.empty(g.shape[0], dtype=np.int64)
+        m = 0
+        for i in range(g.shape[0]):
+            if w[i] != 0.0:
+                keep[m] = i
+                m += 1
+        g = g[keep[:m]]
+        neg = np.empty(m)
+        for i in range(m):
+            neg[i] = -(w[keep[i]] * idf[g[i]])
+        order = np.argsort(neg, kind="mergesort")
+        return g[order], -neg[order]
+
+    @njit(cache=True, nogil=True)
     def sira_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
-                   prune_min, stats, fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
+                   fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
                    use_prf, dense_rows, dense_w, dense_n, racc, rmark, out_pos, out_score, out_n, out_nexp):
         """SIRA with the prf and/or dense proposer for many queries, each exactly as
-        ``sira.mode.sira_arrays`` answers it: feedback (BM25 top ``fb_docs`` when
-        ``use_prf``; the dense neighbours given as global rows ``dense_rows[q, :dense_n[q]]``
-        with scores ``dense_w``), RM3 terms (:func:`_rm3_select`; with both, a term's weight
-        is the larger), then one weighted BM25: query counts plus ``lam`` · weight per
-        expansion term, in the canonical term order. Outputs as ``search_batch``, plus the
-        number of expansion terms per query in ``out_nexp``."""
+        ``sira.mode.sira_arrays`` answers it.
+
+        Per query: the query's terms are scored once into the accumulators (pass 1); with
+        ``use_prf`` its BM25 top ``fb_docs`` are read from them (what ``search_shards`` would
+        return for the query alone); the dense neighbours come in as global rows
+        ``dense_rows[q, :dense_n[q]]`` with scores ``dense_w``; RM3 terms per source
+        (:func:`_rm3_select`; from both, a term keeps the larger weight); then the expansion
+        terms, weighted ``lam`` · weight · idf in canonical order, are added to the same
+        accumulators (pass 2), and the top ``k`` taken. So each score is BM25(q) + λ·BM25(e)
+        summed in that order, as ``search_arrays(q, k, then=e)`` sums it, and the query's
+        postings are read once. Outputs as ``search_batch``, plus the number of expansion
+        terms per query in ``out_nexp``."""
         mask = np.int64(0xFFFFFFFF)
+        S = meta.shape[0]
+        mcount = np.zeros(S, dtype=np.int64)
         pg = np.empty(fb_terms, dtype=np.int64)
         pw = np.empty(fb_terms)
         dg = np.empty(fb_terms, dtype=np.int64)
@@ -576,12 +664,11 @@ if HAVE_NUMBA:
             out_n[q] = 0
             out_nexp[q] = 0
             ug, cnt = _distinct_counts(qgids[a:b])
+            qg, qw = _canonical(ug, cnt, idf)
+            _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, qg, qw, mcount)
             npf = 0
-            if use_prf and b > a:
-                gids, ws = _query_weights(qgids[a:b], idf)
-                pm = prune_min if ws.min() > 0 else -1
-                dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws,
-                                       fb_docs, pm, stats)
+            if use_prf and qg.shape[0] > 0:
+                dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, fb_docs, False)
                 rows = np.empty(dn.shape[0], dtype=np.int64)
                 for j in range(dn.shape[0]):
                     rows[j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
@@ -591,52 +678,30 @@ if HAVE_NUMBA:
             if dense_n[q] > 0:
                 nde = _rm3_select(fptr, fg, ftf, fdl, dense_rows[q, :dense_n[q]], dense_w[q, :dense_n[q]], df,
                                   short, idf, True, tau_n, ug, fb_terms, racc, rmark, dg, dwt)
-            nall = ug.shape[0] + npf + nde
-            g2 = np.empty(nall, dtype=np.int64)
-            w2 = np.empty(nall)
-            n2 = 0
-            for i in range(ug.shape[0]):
-                g2[n2] = ug[i]
-                w2[n2] = cnt[i]
-                n2 += 1
-            nexp = 0
+            eg = np.empty(npf + nde, dtype=np.int64)
+            ew = np.empty(npf + nde)
+            ne = 0
             for i in range(npf + nde):
                 t = pg[i] if i < npf else dg[i - npf]
                 w = pw[i] if i < npf else dwt[i - npf]
                 dup = -1
-                for x in range(ug.shape[0], n2):  # the same term from both proposers: the larger
-                    if g2[x] == t:
+                for x in range(ne):  # the same term from both proposers: the larger weight
+                    if eg[x] == t:
                         dup = x
                         break
                 if dup >= 0:
-                    if w > w2[dup]:
-                        w2[dup] = w
+                    if w > ew[dup]:
+                        ew[dup] = w
                     continue
-                g2[n2] = t
-                w2[n2] = w
-                n2 += 1
-                nexp += 1
-            for x in range(ug.shape[0], n2):
-                w2[x] = 0.0 + lam * w2[x]
-            # weights(): drop zero weights (lam = 0), multiply by idf; canonical order
-            m = 0
-            for x in range(n2):
-                if w2[x] != 0.0:
-                    g2[m] = g2[x]
-                    w2[m] = w2[x] * idf[g2[x]]
-                    m += 1
-            out_nexp[q] = nexp
-            if m == 0:
-                continue
-            by_id = np.argsort(g2[:m])
-            gs = g2[:m][by_id]
-            neg = -w2[:m][by_id]
-            order = np.argsort(neg, kind="mergesort")
-            gids = gs[order]
-            ws = -neg[order]
-            pm = prune_min if ws.min() > 0 else -1
-            dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
-                                   pm, stats)
+                eg[ne] = t
+                ew[ne] = w
+                ne += 1
+            for x in range(ne):
+                ew[x] = 0.0 + lam * ew[x]
+            xg, xw = _canonical(eg[:ne], ew[:ne], idf)
+            out_nexp[q] = ne
+            _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
+            dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, k, True)
             for j in range(dn.shape[0]):
                 out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
                 out_score[q, j] = sc[j]

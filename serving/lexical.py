@@ -201,20 +201,33 @@ class BM25Retriever:
         gids_a = np.asarray(gids, dtype=np.int64)
         return gids_a, np.asarray(ws, dtype=np.float64) * ix.idf[gids_a], kept
 
-    def search_weighted(self, terms: dict[str, float], k: int, params: BM25Params | None = None) -> list[Scored]:
-        dn, sc = self.search_arrays(terms, k, params)
+    def search_weighted(self, terms: dict[str, float], k: int, params: BM25Params | None = None,
+                        then: dict[str, float] | None = None) -> list[Scored]:
+        dn, sc = self.search_arrays(terms, k, params, then)
         return [Scored(int(n), float(v)) for n, v in zip(dn, sc)]
 
-    def search_arrays(self, terms: dict[str, float], k: int,
-                      params: BM25Params | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(docnos, scores) of the top ``k``, best first; ties by doc_id ascending."""
-        params = params or _DEFAULT
+    def _canonical(self, terms: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         gids, ws, _ = self.weights(terms)
-        if len(gids) == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
         if len(gids) > 1:  # the canonical term order (module docstring)
             order = np.lexsort((gids, -ws))
             gids, ws = gids[order], ws[order]
+        return gids, ws
+
+    def search_arrays(self, terms: dict[str, float], k: int, params: BM25Params | None = None,
+                      then: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(docnos, scores) of the top ``k``, best first; ties by doc_id ascending.
+
+        ``then`` (terms disjoint from ``terms``) is scored after all of ``terms``, each group
+        in the canonical order: a document's score is the sum over ``terms`` plus the sum
+        over ``then``, added in that order (SIRA's BM25(q) + λ·BM25(e), as its batch path
+        computes it)."""
+        params = params or _DEFAULT
+        gids, ws = self._canonical(terms)
+        if then:
+            g2, w2 = self._canonical(then)
+            gids, ws = np.concatenate([gids, g2]), np.concatenate([ws, w2])
+        if len(gids) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
         if self._use_kernel():
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()

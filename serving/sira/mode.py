@@ -4,10 +4,11 @@
 
 q holds the query's analyzed terms (weight = count), e the kept expansion terms (weight =
 the proposer's weight in (0, 1], the largest over the phrases that brought the term).
-Both share idf, k1, b and document lengths, and BM25 is linear in the term weights, so
-:func:`weighted_query` merges them into one {term: weight} dict and ``search_weighted``
-scores the sum in one pass. Each hit's explanation is that call's own per-term
-contributions, split into query and expansion terms.
+Both share idf, k1, b and document lengths, and BM25 is linear in the term weights, so one
+``search_weighted`` call scores the sum in one pass over the postings: the query's terms
+first, then the expansion terms (``then=``), which is the order the compiled batch path
+(``batch.py``) adds them in. Each hit's explanation is the per-term contributions of the
+merged {term: weight} dict (:func:`weighted_query`), split into query and expansion terms.
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ class Expansion:
     proposals: list[Proposal]
     verdicts: list[Verdict]
     terms: dict[str, tuple[float, tuple[str, ...]]]
-    weights: dict[str, float]
+    weights: dict[str, float]          # q and e merged (the trace, explanations)
+    query_weights: dict[str, float]    # scored first: the query's terms (an expansion weight folded in)
+    expansion_weights: dict[str, float]  # then: λ · weight of each expansion term not in the query
     proposer: str
     lam: float
     note: str
@@ -243,14 +246,19 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
     verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
     exp = expansion_terms(proposals, verdicts)
     lam = prep.config.lambda_for(proposer)
-    weights = weighted_query(qterms, {t_: w for t_, (w, _) in exp.items()}, lam)
+    e = {t_: w for t_, (w, _) in exp.items()}
+    weights = weighted_query(qterms, e, lam)
+    first = weighted_query(qterms, {t_: w for t_, w in e.items() if t_ in qterms}, lam)
+    then = {t_: 0.0 + lam * w for t_, w in e.items() if t_ not in qterms}
     timings = {**ctx.timings, "propose": t_prop, "filter": _ms(t)}
-    return Expansion(qterms, proposals, verdicts, exp, weights, proposer, lam, note, llm_error, timings)
+    return Expansion(qterms, proposals, verdicts, exp, weights, first, then, proposer, lam, note, llm_error,
+                     timings)
 
 
 def sira_arrays(searcher, query: str, k: int, prep: Prepared):
     """(docnos, scores) of the top ``k``: the batch path, no trace or explanations."""
-    return searcher.bm25.search_arrays(expand(searcher, query, prep).weights, k, prep.params)
+    x = expand(searcher, query, prep)
+    return searcher.bm25.search_arrays(x.query_weights, k, prep.params, x.expansion_weights)
 
 
 def run_sira(searcher, query: str, k: int, options: dict):
@@ -258,7 +266,7 @@ def run_sira(searcher, query: str, k: int, options: dict):
     prep = prepare(searcher, options)
     x = expand(searcher, query, prep)
     t = time.perf_counter()
-    scored = searcher.bm25.search_weighted(x.weights, k, prep.params)
+    scored = searcher.bm25.search_weighted(x.query_weights, k, prep.params, x.expansion_weights)
     timings = {**x.timings, "bm25": _ms(t)}
     cfg, params, qterms, exp, lam = prep.config, prep.params, x.query_terms, x.terms, x.lam
     trace = {"sira": {
