@@ -12,11 +12,18 @@ corpus size unless ``--shards`` is given (:func:`choose_shards`); the manifest's
 ``build.engine``, ``build.shards`` and ``build.ray`` say what ran and why. The driver
 holds chunk descriptions and one summary row per shard, never the corpus; on Ray, workers
 add their progress to a counter actor that the driver logs every few seconds.
+
+Ray workers need no disk shared with the driver: they write its staging folder in place only
+on a Ray that runs on this machine alone (:func:`choose_worker_files`, ``--[no-]shared-disk``).
+Elsewhere each shard task builds in a folder of its own and its files come back as rows
+(:mod:`funnel.jobs.worker_files`), written by the driver as they arrive; the chunks' reject
+reports always come through an actor.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -130,6 +137,38 @@ def choose_engine(requested: str, nbytes: int, n_shards: int, cpus: int | None =
                        f"would save ~{saved:.0f}s, more than Ray's ~{RAY_FIXED_SECONDS:.0f}s start")
     return "local", (f"auto: {_mib(nbytes)} of corpus and RAY_ADDRESS unset: ~{est:.0f}s in-process, where "
                      f"Ray would add ~{RAY_FIXED_SECONDS:.0f}s of start-up and save ~{saved:.0f}s")
+
+
+def choose_worker_files(shared_disk: bool | None, ray_info: dict, nodes_here: bool = False) -> tuple[bool, str]:
+    """(ship, why): whether the Ray workers send the files they write back through Ray.
+
+    ``shared_disk`` (``--shared-disk`` / ``--no-shared-disk``) decides when given. Otherwise
+    workers write the driver's staging folder in place only on a Ray that is certainly on this
+    machine: a local Ray funnel started, or the Ray this process initialized when it has one
+    node here (``nodes_here``). A RAY_ADDRESS cluster may run workers on other machines (or add
+    them while the build runs), which see none of this machine's disk, so they ship.
+    """
+    if shared_disk is not None:
+        return (False, "set by --shared-disk: the workers write the staging folder in place") if shared_disk \
+            else (True, "set by --no-shared-disk: the workers send their files back through Ray")
+    kind = ray_info.get("cluster")
+    if kind == "local" or (kind == "existing" and nodes_here):
+        return False, "auto: every Ray worker runs on this machine and writes the staging folder in place"
+    where = f"the Ray cluster at {ray_info.get('address')}" if kind == "cluster" else "a Ray with other nodes"
+    return True, (f"auto: {where} may run workers on other machines, which do not see this machine's "
+                  f"disk: they send their files back through Ray (--shared-disk if they share it)")
+
+
+def _nodes_here(ray_info: dict) -> bool:
+    """Whether the Ray has exactly one node and it is this machine's."""
+    import ray
+    if ray_info.get("nodes") != 1:
+        return False
+    try:
+        here = ray.util.get_node_ip_address()
+        return all(n.get("NodeManagerAddress") == here for n in ray.nodes() if n.get("Alive"))
+    except Exception:
+        return False
 
 
 class _DropNotices(logging.Filter):
@@ -271,7 +310,51 @@ def _fault_hook(stage: str):
     return die
 
 
-def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str, counter=None):
+def _chunk_reports(node_id: str | None = None):
+    """A Ray actor that keeps each chunk's read report (lines, valid rows, rejects) for the driver.
+
+    The report used to be a file under the driver's work folder, which a worker on another
+    machine cannot write. Reports are keyed by chunk index, so a retried parse task replaces
+    its own. ``node_id``: the driver's node, where the actor is placed when it can be (a lost
+    worker node then loses no reports).
+    """
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ChunkReports:
+        def __init__(self):
+            self.reports: dict[int, dict] = {}
+
+        def put(self, index: int, report: dict) -> None:
+            self.reports[index] = report
+
+        def get(self) -> dict[int, dict]:
+            return self.reports
+
+    opts = {}
+    if node_id:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=True)
+    return ChunkReports.options(**opts).remote()
+
+
+def _save_chunk_reports(reports, work_dir: str) -> int:
+    """Write the actor's reports as ``work/rejects/chunk-NNNNNN.json`` (what the local engine
+    writes, and what :func:`_collect_rejects` reads); how many chunks reported."""
+    import ray
+    got = ray.get(reports.get.remote(), timeout=60)
+    os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
+    for index, report in got.items():
+        with open(os.path.join(work_dir, "rejects", f"chunk-{int(index):06d}.json"), "w") as f:
+            json.dump(report, f)
+    return len(got)
+
+
+def _parse_chunk_fn(spec_dict: dict, n_shards: int, reports, counter=None):
+    """The read stage's ``flat_map``: a chunk's valid rows, each with its shard; the chunk's
+    report goes to the ``reports`` actor (:func:`_chunk_reports`), not to the driver's disk."""
+    import ray
+
     from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk, shard_of
 
     spec = CorpusSpec(**spec_dict)
@@ -284,10 +367,9 @@ def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str, counter=None)
             die(chunk.index)
         if counter is not None:
             counter.add.remote("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
-        os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
-        with open(os.path.join(work_dir, "rejects", f"chunk-{chunk.index:06d}.json"), "w") as f:
-            json.dump({"chunk": chunk.index, "path": chunk.path, "lines": res.lines,
-                       "rows": len(res.rows), "rejects": res.rejects}, f)
+        # Waited for: once the stage is done, every chunk's report is in the actor.
+        ray.get(reports.put.remote(chunk.index, {"chunk": chunk.index, "path": chunk.path, "lines": res.lines,
+                                                 "rows": len(res.rows), "rejects": res.rejects}))
         for r in res.rows:
             r["shard"] = shard_of(r["doc_id"], n_shards)
         return res.rows
@@ -295,7 +377,16 @@ def _parse_chunk_fn(spec_dict: dict, n_shards: int, work_dir: str, counter=None)
     return parse
 
 
-def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None):
+def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None, ship: bool = False):
+    """The shard stage's ``map_groups``: build one shard, yield rows of :mod:`worker_files`.
+
+    Without ``ship`` the shard's files go to the driver's ``out_dir``/``work_dir`` (a disk the
+    workers share) and the task yields its summary row; with ``ship`` they go to a temporary
+    folder of the worker (as ``out/...`` and ``work/...``) and come back to the driver as rows.
+    """
+    import tempfile
+
+    from funnel.jobs.worker_files import result_rows
     from funnel.pipelines.analysis import AnalyzerConfig
     from funnel.pipelines.shard import build_lexical_shard
 
@@ -305,15 +396,21 @@ def _shard_fn(out_dir: str, work_dir: str, analyzer_cfg: dict, counter=None):
     def analyzed(n: int) -> None:
         counter.add.remote("index", docs=n)
 
-    def build(batch: dict) -> dict:
+    def build(batch: dict):
         shard = int(batch["shard"][0])
-        s = build_lexical_shard(batch, shard, out_dir, work_dir, cfg,
-                                progress=analyzed if counter is not None else None)
+        tmp = tempfile.mkdtemp(prefix=f"funnel-shard-{shard:04d}-") if ship else None
+        dirs = (os.path.join(tmp, "out"), os.path.join(tmp, "work")) if ship else (out_dir, work_dir)
+        try:
+            s = build_lexical_shard(batch, shard, *dirs, cfg, progress=analyzed if counter is not None else None)
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if die is not None:  # after the shard's files are written: the retry writes them again
             die(shard)
         if counter is not None:
             counter.add.remote("index", shards=1)
-        return {k: [v] for k, v in s.items()}
+        yield from result_rows(shard, s, tmp)
 
     return build
 
@@ -378,11 +475,27 @@ def _collect_rejects(work_dir: str, out_path: str) -> int:
     return len(rows)
 
 
+def _driver_node_id() -> str | None:
+    """This process's Ray node, or None (a Ray Client driver is on no node of its cluster)."""
+    import ray
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analyzer_cfg: dict, counter,
-                 progress_seconds: float, corpus: str, out: str) -> list[dict]:
-    """The lexical stages on Ray Data: read in parallel chunks, shuffle by shard, one task per shard."""
+                 progress_seconds: float, corpus: str, out: str, ship: bool = False) -> list[dict]:
+    """The lexical stages on Ray Data: read in parallel chunks, shuffle by shard, one task per shard.
+
+    Workers write nothing under ``staging`` or ``work`` unless ``ship`` is False (a disk they
+    share with this process): the chunks' reports come through an actor, and with ``ship``
+    each shard's files come back as rows (:mod:`funnel.jobs.worker_files`), written here as
+    they arrive.
+    """
     import ray
 
+    from funnel.jobs.worker_files import FileReceiver
     from funnel.pipelines.progress import ProgressLog, Status
 
     def lexical_status() -> Status:
@@ -394,21 +507,33 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
         return Status("index shards", index.get("docs", 0), total=read.get("docs", 0),
                       detail=f"{index.get('shards', 0)} of {shards} shards written")
 
+    reports = _chunk_reports(_driver_node_id())
+    receiver = FileReceiver({"out": staging, "work": work})
     ds = ray.data.from_items([c.to_dict() for c in chunks], override_num_blocks=max(1, len(chunks)))
-    ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, work, counter))
+    ds = ds.flat_map(_parse_chunk_fn(spec.to_dict(), shards, reports, counter))
     try:
         with ProgressLog(lexical_status, progress_seconds, log):
-            return (ds.groupby("shard", num_partitions=shards)
-                    .map_groups(_shard_fn(staging, work, analyzer_cfg, counter), batch_format="numpy")
-                    .take_all())
+            rows = (ds.groupby("shard", num_partitions=shards)
+                    .map_groups(_shard_fn(staging, work, analyzer_cfg, counter, ship=ship), batch_format="numpy"))
+            for batch in rows.iter_batches(batch_size=None, batch_format="pyarrow"):
+                receiver.add(batch)
     except Exception:
         # Ray Data's shuffle fails on a dataset with no rows at all: say what happened,
         # and keep the reasons (staging and work are deleted by the caller).
+        with contextlib.suppress(Exception):  # the stage's own error is the one to raise
+            _save_chunk_reports(reports, work)
         if _chunks_read(work) == len(chunks) and _valid_rows(work) == 0:
             kept, n = _keep_rejects(work, out, staging)
             raise BuildError(f"no valid documents in {corpus}: all {n} rows were rejected; nothing "
                              f"published. The reasons are in {kept}") from None
         raise
+    n_reported = _save_chunk_reports(reports, work)
+    if n_reported != len(chunks):  # cannot happen while the actor lives; a lost actor fails the reads
+        raise BuildError(f"the read reports of {len(chunks) - n_reported} of {len(chunks)} chunks were lost")
+    ray.kill(reports)
+    if receiver.bytes:
+        log.info("lexical: %s of shard files came back from the workers through Ray", _mib(receiver.bytes))
+    return receiver.finish()
 
 
 def _run_enrichment(staging: str, work: str, shards: int, settings, analyzer, stats, shard_rows: list[dict],
@@ -440,7 +565,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           keep_versions: int | None = None, dense: bool = False, embed_model: str | None = None,
           embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None,
           progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto", enrich=None,
-          enrich_cache: str | None = "default") -> BuildReport:
+          enrich_cache: str | None = "default", shared_disk: bool | None = None) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``enrich`` (a :class:`funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
@@ -449,7 +574,9 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     (``"default"``: beside the embedding cache; None: no cache).
 
     ``shards`` None chooses the count from the corpus size (:func:`choose_shards`);
-    ``engine`` is ``auto``, ``ray`` or ``local`` (:func:`choose_engine`). Every
+    ``engine`` is ``auto``, ``ray`` or ``local`` (:func:`choose_engine`). ``shared_disk``
+    says whether the Ray workers can write this machine's staging folder (None: decided by
+    :func:`choose_worker_files`); where they cannot, their files come back through Ray. Every
     ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build`` at
     INFO: stage, documents done, rate, ETA.
     """
@@ -495,9 +622,12 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         t = time.time()
         if engine_name == "ray":
             ray_info = _init_ray(num_cpus)
+            ship, ship_why = choose_worker_files(shared_disk, ray_info, _nodes_here(ray_info))
+            ray_info["worker_files"] = {"shipped": ship, "reason": ship_why}
+            log.info("worker files: %s", ship_why)
             counter = _progress_counter()
             summaries = _ray_lexical(chunks, spec, shards, staging, work, analyzer.config.to_dict(), counter,
-                                     progress_seconds, corpus, local)
+                                     progress_seconds, corpus, local, ship=ship)
         else:
             from funnel.jobs.local_engine import run_lexical
             if num_cpus is not None:
@@ -570,7 +700,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 from funnel.jobs.embed_stage import run_dense_stage
                 manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                                     counter=counter, progress_seconds=progress_seconds,
-                                                    actor_options=_max_restarts(ray_info))
+                                                    actor_options=_max_restarts(ray_info), ship=ship)
             else:
                 from funnel.jobs.local_engine import run_dense
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
@@ -626,6 +756,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(this process, no Ray), or auto: local for a small corpus when RAY_ADDRESS is unset "
                         "(default: auto)")
     p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
+    p.add_argument("--shared-disk", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the Ray workers can write this machine's staging folder (a disk they share); "
+                        "--no-shared-disk: they send their files back through Ray (default: auto, in place only "
+                        "on a Ray that runs on this machine alone)")
     add_corpus_arguments(p)
     p.add_argument("--keep-versions", type=int, default=None,
                    help="delete all but the newest N versions after publishing (default: keep all)")
@@ -714,7 +848,7 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
                 num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine,
-                enrich=enrich_settings_from_args(a),
+                shared_disk=getattr(a, "shared_disk", None), enrich=enrich_settings_from_args(a),
                 enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import warnings
 
 import numpy as np
@@ -41,19 +42,35 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
     return spec
 
 
-def _write_group_fn(dense_dir: str, counter=None):
+def _write_group_fn(dense_dir: str, counter=None, ship: bool = False):
+    """The dense stage's ``map_groups``: one shard's vectors in local-id order, written as
+    ``emb-NNNN.npy`` + ``ids-NNNN.npy``; yields rows of :mod:`funnel.jobs.worker_files`.
+
+    Without ``ship`` the files go to ``dense_dir`` (a disk the workers share with the driver);
+    with ``ship`` to a temporary folder of the worker (as ``dense/...``), then back to the
+    driver as rows.
+    """
+    import tempfile
+
+    from funnel.jobs.worker_files import result_rows
     from funnel.pipelines.vectors import write_dense_shard
 
-    def write(batch: dict) -> dict:
+    def write(batch: dict):
         shard = int(batch["shard"][0])
         local = np.asarray(batch["local_id"], dtype=np.int64)
         order = np.argsort(local, kind="stable")
         vecs = np.asarray(batch["embedding"], dtype=np.float32)[order]
         docnos = (np.int64(shard) << 32) | local[order]
-        info = write_dense_shard(dense_dir, shard, vecs, docnos)
+        tmp = tempfile.mkdtemp(prefix=f"funnel-dense-{shard:04d}-") if ship else None
+        try:
+            info = write_dense_shard(os.path.join(tmp, "dense") if ship else dense_dir, shard, vecs, docnos)
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if counter is not None:
             counter.add.remote("write vectors", shards=1)
-        return {k: [v] for k, v in info.items()}
+        yield from result_rows(shard, info, tmp)
 
     return write
 
@@ -78,18 +95,46 @@ def _counted_embed_cls():
     return CountedEmbedBatch
 
 
+#: What the embedder reads of ``docs/shard-*.parquet``.
+DOC_COLUMNS = ["title", "text", "content_hash", "shard", "local_id"]
+
+
+def _docs_dataset(docs_dir: str, ship: bool):
+    """``docs/shard-*.parquet`` as a Ray dataset of the columns the embedder needs.
+
+    Without ``ship`` the workers read the files (a disk they share with this process); with
+    it this process reads them, a row group at a time, into the object store, where the
+    workers on any machine find them.
+    """
+    import pyarrow.parquet as pq
+    import ray
+
+    if not ship:
+        return ray.data.read_parquet(docs_dir).select_columns(DOC_COLUMNS)
+    refs = []
+    for name in sorted(os.listdir(docs_dir)):
+        f = pq.ParquetFile(os.path.join(docs_dir, name))
+        refs += [ray.put(f.read_row_group(g, columns=DOC_COLUMNS)) for g in range(f.num_row_groups)]
+    return ray.data.from_arrow_refs(refs)
+
+
 def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_size: int = 64,
                     cache_dir: str | None = "default", factory: str | None = None,
                     nlist: int | None = None, n_docs: int | None = None, counter=None,
-                    progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None) -> dict:
+                    progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None,
+                    ship: bool = False) -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
 
     ``counter`` is the build's progress actor (see ``build_index``): with it, a line with
     documents embedded, rate and ETA is logged every ``progress_seconds``.
     ``actor_options`` go to the actor pool's ``map_batches`` (e.g. ``max_restarts``).
+    ``ship``: the workers share no disk with this process; they get the documents through the
+    object store and send the vector files back as rows (:mod:`funnel.jobs.worker_files`).
+    ``cache_dir`` is the embedding cache on each worker's machine.
     """
     import ray
 
+    from funnel.jobs.worker_files import FileReceiver
     from funnel.pipelines.embed import make_provider
     from funnel.pipelines.progress import ProgressLog, Status
     from funnel.pipelines.vectors import build_dense_index, write_dense_shard
@@ -113,9 +158,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     # Enough blocks to keep every actor busy (Ray would read small shard files as one block).
     # (A shard file is one Parquet row group, which Ray will not split: repartition instead.)
     blocks = max(shards, 4 * n_actors, (n_docs or 0) // (4 * batch_size))
-    ds = (ray.data.read_parquet(os.path.join(staging, "docs"))
-          .select_columns(["title", "text", "content_hash", "shard", "local_id"]))
-    ds = ds.repartition(min(blocks, 2000))
+    ds = _docs_dataset(os.path.join(staging, "docs"), ship).repartition(min(blocks, 2000))
     with warnings.catch_warnings():
         # Ray 2.60 takes max_restarts (see build_index._max_restarts) only through
         # **ray_remote_args, which it marks deprecated in favour of named parameters that
@@ -136,10 +179,13 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
             return Status("write vector shards", written, total=shards, unit="shards")
         return Status("embed", done, total=n_docs, detail=f"{cached:,} from the cache" if cached else "")
 
+    receiver = FileReceiver({"dense": dense_dir})
     with ProgressLog(status, progress_seconds if counter is not None else 0, log):
-        written = (ds.groupby("shard", num_partitions=shards)
-                   .map_groups(_write_group_fn(dense_dir, counter), batch_format="numpy").take_all())
-    done = {int(r["shard"]) for r in written}
+        rows = (ds.groupby("shard", num_partitions=shards)
+                .map_groups(_write_group_fn(dense_dir, counter, ship=ship), batch_format="numpy"))
+        for batch in rows.iter_batches(batch_size=None, batch_format="pyarrow"):
+            receiver.add(batch)
+    done = {int(r["shard"]) for r in receiver.finish()}
     for s in range(shards):  # shards without documents get empty files
         if s not in done:
             write_dense_shard(dense_dir, s, np.zeros((0, dim), np.float32), np.zeros(0, np.int64))

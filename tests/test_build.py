@@ -177,6 +177,14 @@ def test_new_version_is_published_atomically_and_picked_up(ray_session, tmp_path
     m = json.load(open(os.path.join(root, "v000002", "manifest.json")))
     assert m["parent"] == "v000001" and m["corpus"]["n_docs"] == 2
     build(c1, root, shards=1, keep_versions=1)
+    # v000002 is open in ix: its reader lease keeps it through retention until ix is gone
+    assert sorted(d for d in os.listdir(root) if d.startswith("v")) == ["v000002", "v000003"]
+    import gc as pygc
+
+    from funnel.pipelines.artifacts import gc as index_gc
+    del ix
+    pygc.collect()
+    index_gc(root, keep=1)
     assert sorted(d for d in os.listdir(root) if d.startswith("v")) == ["v000003"]
 
 
