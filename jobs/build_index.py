@@ -536,6 +536,30 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
     return receiver.finish()
 
 
+#: The embedded SmolLM2 server is restarted after this many documents (its memory grows with
+#: every request; see ``LocalLlamaServer.restart``).
+LOCAL_LLM_RECYCLE_EVERY = 200
+
+
+def _recycling(propose, srv, every: int = LOCAL_LLM_RECYCLE_EVERY):
+    """``propose`` that restarts ``srv`` before every ``every``-th call (a request in flight
+    then fails its attempt and is retried by the client's backoff)."""
+    import threading
+    lock = threading.Lock()
+    calls = [0]
+
+    def call(title: str, text: str):
+        with lock:
+            calls[0] += 1
+            if calls[0] % every == 0:
+                log.info("enrich: restarting the local LLM server after %d documents (its memory grows per "
+                         "request)", calls[0])
+                srv.restart()
+        return propose(title, text)
+
+    return call
+
+
 def _run_enrichment(staging: str, work: str, shards: int, settings, analyzer, stats, shard_rows: list[dict],
                     cache_dir: str | None, progress_seconds: float) -> dict:
     """SIRA enrichment of the staged shards (in this process for both engines: the LLM endpoint is
@@ -545,16 +569,19 @@ def _run_enrichment(staging: str, work: str, shards: int, settings, analyzer, st
 
     from funnel.jobs.local_engine import run_enrich
 
+    propose = None
     with contextlib.ExitStack() as stack:
         if settings.base_url == "local":
+            from funnel.pipelines.enrich import EnrichClient
             from funnel.serving.chat import SMOLLM2_GGUF, LocalLlamaServer
             srv = stack.enter_context(LocalLlamaServer(alias=SMOLLM2_GGUF.removesuffix(".gguf")))
             settings = dataclasses.replace(settings, base_url=srv.base_url, model=srv.alias)
+            propose = _recycling(EnrichClient(settings).propose, srv)
         log.info("enrich: %s at %s, %s, tau %g, max_n %d, %d requests in flight", settings.model,
                  settings.base_url, settings.prompt_id, settings.tau, settings.max_n, settings.concurrency)
         section, new_rows = run_enrich(staging, work, shards, settings, analyzer.config.to_dict(),
                                        stats.n_docs_nonempty, cache_dir=cache_dir,
-                                       progress_seconds=progress_seconds)
+                                       progress_seconds=progress_seconds, propose=propose)
     for s, row in new_rows.items():
         shard_rows[s].update(row)
     return section

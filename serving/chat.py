@@ -294,6 +294,17 @@ class LocalLlamaServer:
                     self.base_url, time.perf_counter() - t0)
         return self
 
+    def restart(self) -> None:
+        """Stop and start the server again on the same port (``base_url`` stays valid): the
+        embedded llama-server's memory grows ~10 MB per request (measured with and without
+        a JSON schema, prompt cache capped), so a long job recycles it now and then."""
+        if self._server is None:
+            raise ChatError("LocalLlamaServer is not running; use it as a context manager")
+        port = int(self.base_url.rsplit(":", 1)[1].split("/", 1)[0])
+        self.close()
+        self.port = port
+        self.__enter__()
+
     def chat(self, **kwargs: Any) -> ChatProvider:
         """A :class:`ChatProvider` for this server (kwargs go to its constructor)."""
         if self._server is None:

@@ -75,3 +75,29 @@ def test_unreachable_endpoint_is_a_chat_error():
     chat = ChatProvider("http://127.0.0.1:9/v1", "nobody", timeout=2, max_retries=0)
     with pytest.raises(ChatError, match="127.0.0.1:9"):
         chat.complete([{"role": "user", "content": "hi"}], max_tokens=4)
+
+
+def test_restart_keeps_the_address_and_the_provider_working(llama):
+    """A long enrichment recycles the embedded server (its memory grows per request): the
+    same base_url answers afterwards, so clients made before the restart keep working."""
+    chat = llama.chat()
+    before = llama.base_url
+    llama.restart()
+    assert llama.base_url == before
+    assert chat.complete([{"role": "user", "content": "Say hi."}], max_tokens=4)
+
+
+def test_recycling_restarts_the_local_server_every_n_documents():
+    """The counting only; the restart itself is the test above (a real server)."""
+    from funnel.jobs.build_index import _recycling
+
+    class Counter:
+        restarts = 0
+
+        def restart(self):
+            self.restarts += 1
+
+    srv = Counter()
+    propose = _recycling(lambda title, text: [title], srv, every=3)
+    assert [propose(str(i), "") for i in range(7)] == [[str(i)] for i in range(7)]
+    assert srv.restarts == 2
