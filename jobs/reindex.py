@@ -17,8 +17,11 @@ unless ``--force``. A failure at any point publishes nothing; the live version s
 Executors: ``local`` runs the stages in this process (no Ray start-up: the right choice for
 a cron job on one machine, where a reindex of 3% of SciFact takes about a second and
 starting Ray alone costs several); ``ray`` runs each corpus chunk and each shard as a Ray
-task and embeds on a Ray Data actor pool; ``auto`` (default) picks ``ray`` when RAY_ADDRESS
-names a cluster (as under ``ray job submit``) or this process already runs Ray.
+task and embeds on a Ray Data actor pool, reading and writing the driver's folders, so it
+needs every node to share that disk; ``auto`` (default) picks ``ray`` only where that
+holds (this process already runs a Ray of its own) and ``local`` otherwise, also under
+``ray job submit`` (RAY_ADDRESS), where workers may sit on other machines: a reindex
+touches only what changed, so the driver's process does it.
 """
 
 from __future__ import annotations
@@ -80,7 +83,11 @@ def _pick_executor(executor: str) -> str:
     if executor != "auto":
         return executor
     if os.environ.get("RAY_ADDRESS"):
-        return "ray"
+        # A cluster's workers may not see this machine's disk (the build ships files through
+        # Ray for that; reindex's tasks read and write the driver's folders): stay here.
+        log.info("reindex: RAY_ADDRESS is set: running in the driver's process (executor local); "
+                 "--executor ray needs every node to share the index root's disk")
+        return "local"
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return "ray"
     return "local"
@@ -551,8 +558,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "another model re-embeds every document")
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
     p.add_argument("--executor", default="auto", choices=EXECUTORS,
-                   help="where the stages run: this process (local), Ray tasks (ray), or auto: ray when "
-                        "RAY_ADDRESS is set (ray job submit), else local (default: auto)")
+                   help="where the stages run: this process (local), Ray tasks (ray: every node must share "
+                        "the index root's disk), or auto: ray inside a process that already runs its own Ray, "
+                        "else local, also under ray job submit (default: auto)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs of a local Ray that --executor ray starts (default: all of this machine's)")
     p.add_argument("--llm", default=None, choices=["local"],

@@ -360,3 +360,11 @@ def test_cli_help_states_every_default(capsys):
     missing = [o for o, text in entries.items() if o != "-h" and not o.startswith("--no-")
                and "(default: " not in text and "(required" not in text]
     assert not missing
+
+
+def test_auto_executor_stays_in_the_driver_on_a_cluster(monkeypatch):
+    """Under ray job submit (RAY_ADDRESS) workers may sit on machines that do not see the
+    driver's folders, which reindex's Ray tasks read and write: auto runs locally there."""
+    from funnel.jobs.reindex import _pick_executor
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert _pick_executor("auto") == "local" and _pick_executor("ray") == "ray"
