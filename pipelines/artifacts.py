@@ -473,10 +473,12 @@ class ReaderLease:
                 ReaderLease._thread = threading.Thread(target=ReaderLease._renew_all, name="funnel-reader-leases",
                                                        daemon=True)
                 ReaderLease._thread.start()
+        ReaderLease._wake.set()  # a shorter lease than the others: the renewer re-plans its sleep
 
     def renew(self) -> None:
         if self.released:
             return
+        self.due = time.monotonic() + self.lease_s / 3
         body = {"version": self.version, "host": socket.gethostname(), "pid": os.getpid(),
                 "expires_at": time.time() + self.lease_s}
         try:
@@ -500,16 +502,23 @@ class ReaderLease:
 
     @classmethod
     def _renew_all(cls) -> None:
+        """Renew each lease a third of its length after its last renewal; sleeps until the
+        next one is due, or until a new lease arrives."""
         while True:
+            cls._wake.clear()  # before the snapshot: a lease added after it sets it again
             with cls._guard:
                 leases = list(cls._live)
-            wait = min((x.lease_s for x in leases), default=READER_LEASE_S) / 3
-            time.sleep(max(0.05, wait))
+            now = time.monotonic()
             for x in leases:
-                x.renew()
+                if x.due <= now:
+                    x.renew()
+            nxt = min((x.due for x in leases if not x.released), default=now + READER_LEASE_S / 3)
+            del leases  # no strong references while asleep: a dropped reader's lease can go
+            cls._wake.wait(timeout=max(0.01, nxt - time.monotonic()))
 
 
 ReaderLease._live = weakref.WeakSet()
+ReaderLease._wake = threading.Event()
 
 
 def _lease_alive(body: dict, now: float) -> bool:
