@@ -504,7 +504,10 @@ if HAVE_NUMBA:
         ``w_d · tf / |d|`` per term in the same order (bit-identical to the bincount), keeps
         eligible terms (df <= tau·N, two characters or more, not a query term, weight > 0;
         times idf for the dense proposer), the best ``n_terms`` by (weight desc, id asc),
-        scaled so the best is 1. Writes them to ``out_g``/``out_w``; returns how many."""
+        scaled so the best is 1. Writes them to ``out_g``/``out_w``; returns how many.
+        ``racc``/``rmark`` (one slot per term) are zero on entry and on return."""
+        for x in range(qg.shape[0]):  # query terms: never proposed, never listed
+            rmark[qg[x]] = 2
         nt = 0
         for j in range(rows.shape[0]):  # first pass: count the entries, to size the touched list
             nt += fptr[rows[j] + 1] - fptr[rows[j]]
@@ -522,9 +525,7 @@ if HAVE_NUMBA:
                     cand[nc] = t
                     nc += 1
                 racc[t] += np.float64(ftf[e]) * scale
-        keep = np.empty(nc, dtype=np.int64)
-        val = np.empty(nc)
-        m = 0
+        m = 0  # the best n_terms so far, best first: (weight desc, id asc), by insertion
         for i in range(nc):
             t = cand[i]
             v = racc[t] * idf[t] if use_idf else racc[t]
@@ -532,28 +533,26 @@ if HAVE_NUMBA:
             rmark[t] = 0
             if df[t] > tau_n or short[t] or v <= 0.0:
                 continue
-            isq = False
-            for x in range(qg.shape[0]):
-                if qg[x] == t:
-                    isq = True
-                    break
-            if isq:
+            if m == n_terms and (v < out_w[m - 1] or (v == out_w[m - 1] and t > out_g[m - 1])):
                 continue
-            keep[m] = t
-            val[m] = v
-            m += 1
-        if m == 0:
-            return 0
-        by_id = np.argsort(keep[:m])
-        keep2 = keep[:m][by_id]
-        neg = -val[:m][by_id]
-        order = np.argsort(neg, kind="mergesort")  # stable: equal weights stay id ascending
-        n = min(n_terms, m)
-        top = -neg[order[0]]
-        for i in range(n):
-            out_g[i] = keep2[order[i]]
-            out_w[i] = (-neg[order[i]]) / top
-        return n
+            p = m if m < n_terms else n_terms - 1
+            while p > 0 and (out_w[p - 1] < v or (out_w[p - 1] == v and out_g[p - 1] > t)):
+                if p < n_terms:
+                    out_w[p] = out_w[p - 1]
+                    out_g[p] = out_g[p - 1]
+                p -= 1
+            out_w[p] = v
+            out_g[p] = t
+            if m < n_terms:
+                m += 1
+        for x in range(qg.shape[0]):
+            racc[qg[x]] = 0.0
+            rmark[qg[x]] = 0
+        if m > 0:
+            top = out_w[0]
+            for i in range(m):
+                out_w[i] = out_w[i] / top
+        return m
 
     @njit(cache=True, nogil=True)
     def _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, m):
