@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +112,20 @@ def read_current(root: str) -> str | None:
             raw = f.read(256)
     except FileNotFoundError:
         return None
+    return parse_current(raw, p, lambda: list_versions(root)[-3:])
+
+
+def parse_current(raw: bytes, where: str, versions: Callable[[], list[str]] = list) -> str | None:
+    """The version name in CURRENT's bytes (None when empty); IndexFormatError for anything
+    but ``vNNNNNN``. ``where`` names the file in the error, ``versions()`` some that exist."""
     name = raw.decode("utf-8", "replace").strip()
     if not name:
         return None
     if not is_version_name(name):
         raise IndexFormatError(
-            f"{p} names {name[:80]!r}, which is not a version name (v and six digits, e.g. v000001); "
+            f"{where} names {name[:80]!r}, which is not a version name (v and six digits, e.g. v000001); "
             "refusing to follow it: a version lives directly under the index root. Point CURRENT at "
-            f"a published version ({', '.join(list_versions(root)[-3:]) or 'none present'})")
+            f"a published version ({', '.join(versions()) or 'none present'})")
     return name
 
 

@@ -47,7 +47,7 @@ import pyarrow.fs as pafs
 
 from .artifacts import (BUILD_LOCK, CURRENT, FORMAT_VERSION, LOCK, MANIFEST, MANIFEST_SUM, UNLOCKED_GRACE_S,
                         GcReport, IndexFormatError, _fsync_tree, file_table, is_version_name, load_manifest,
-                        release_staging, verify_files, verify_version, write_manifest)
+                        parse_current, release_staging, verify_files, verify_version, write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,7 @@ def read_current(rr: RemoteRoot) -> str | None:
             raw = f.read(256)
     except FileNotFoundError:
         return None
-    name = raw.decode("utf-8", "replace").strip()
-    if not name:
-        return None
-    if not is_version_name(name):
-        raise IndexFormatError(f"{rr.name(CURRENT)} names {name[:80]!r}, which is not a version name (v and six "
-                               "digits); refusing to follow it")
-    return name
+    return parse_current(raw, rr.name(CURRENT))
 
 
 def _listing(rr: RemoteRoot, only: str | None = None) -> dict[str, dict[str, pafs.FileInfo]]:

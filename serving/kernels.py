@@ -251,31 +251,8 @@ if HAVE_NUMBA:
         maxacc = 0.0
         switch_at = T
         if not prune:  # exhaustive: the plain loop (no running maximum), then one selection pass
-            # Unsigned indices: numba then emits no negative-index wraparound per access,
-            # which halves the cost of this loop. Same arithmetic, same bits as ``_impact``.
-            ucap = np.uint64(cap)
-            nt = np.uint64(table.shape[0])
-            um = np.uint64(0)
-            for i in range(T):
-                li = local[i]
-                if li < 0:
-                    continue
-                w = weights[i]
-                for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
-                    d = np.uint64(docs[p])
-                    tf = np.uint64(tfs[p])
-                    c = np.uint64(code[d])
-                    if tf < ucap:
-                        imp = itab[tf * nt + c]
-                    else:
-                        x = np.float64(tf)
-                        imp = x / (x + table[c])
-                    a = acc[d]
-                    touched[um] = d  # branch-free: kept only when d was not seen before
-                    um += np.uint64(a == 0.0)
-                    acc[d] = a + w * imp
-            m = np.int64(um)
-            return _push_scores(acc, touched, m, rank, base, hv, hr, hd, nh, True)
+            um = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, 0)
+            return _push_scores(acc, touched, um, rank, base, hv, hr, hd, nh, True)
         for i in range(T):
             li = local[i]
             if li < 0:
@@ -557,8 +534,11 @@ if HAVE_NUMBA:
     @njit(cache=True, nogil=True)
     def _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, m):
         """Add every listed term's ``weight · tf/(tf + denom)`` to ``acc`` (term-at-a-time, in
-        order, the same arithmetic as ``_score_shard``'s exhaustive loop), recording first-seen
-        documents in ``touched`` after the ``m`` already there; returns the new count."""
+        order; ``_score_shard``'s exhaustive path), recording first-seen documents in
+        ``touched`` after the ``m`` already there (branch-free: a slot is kept only when the
+        document had no score yet); returns the new count. Unsigned indices: numba then emits
+        no negative-index wraparound per access, which halves the cost of this loop. Same
+        arithmetic, same bits as ``_impact``."""
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
         um = np.uint64(m)
