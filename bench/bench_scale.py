@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -85,6 +86,14 @@ def _scan() -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
     return parent, stat
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(200).replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+    except OSError:
+        return ""
+
+
 def _tree(root: int, parent: dict[int, int]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
@@ -120,6 +129,7 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
     cpu: dict[int, int] = {}
     peak_rss: dict[int, int] = {}
     timeline, loads = [], []
+    names: dict[int, str] = {}
     tree_rss = tree_pss = 0
     aborted = None
     with open(log_path, "w") as log:
@@ -137,7 +147,9 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
             for p in members:
                 c, r = stat[p]
                 cpu[p] = max(cpu.get(p, 0), c)
-                peak_rss[p] = max(peak_rss.get(p, 0), r)
+                if r > peak_rss.get(p, 0):
+                    peak_rss[p] = r
+                    names[p] = _cmdline(p)
                 rss += r
                 pss += _pss(p)
             tree_rss, tree_pss = max(tree_rss, rss), max(tree_pss, pss)
@@ -161,6 +173,10 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
     with open(log_path + ".mem.tsv", "w") as f:  # for finding which stage peaks
         f.write("t_s\ttree_rss_mib\ttree_pss_mib\tdriver_rss_mib\tavailable_mib\n")
         f.writelines(f"{t}\t{r / MIB:.0f}\t{p / MIB:.0f}\t{d / MIB:.0f}\t{a / MIB:.0f}\n" for t, r, p, d, a in timeline)
+    with open(log_path + ".procs.tsv", "w") as f:  # which process peaked: driver, raylet, workers
+        f.write("pid\tpeak_rss_mib\tcpu_s\tcommand_at_peak\n")
+        f.writelines(f"{p}\t{r / MIB:.0f}\t{cpu.get(p, 0) / _TICK:.1f}\t{names.get(p, '')}\n"
+                     for p, r in sorted(peak_rss.items(), key=lambda kv: -kv[1]))
     return {"wall_s": wall, "cpu_s": max(sampled, own), "load_avg": sum(loads) / max(1, len(loads)),
             "cpu_sampled_s": sampled, "cpu_rusage_s": own,
             "peak_tree_rss": tree_rss, "peak_tree_pss": tree_pss,
@@ -168,7 +184,8 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
             "peak_driver_rss": peak_rss.get(proc.pid, 0) if others else max(peak_rss.get(proc.pid, 0),
                                                                              rusage.ru_maxrss * 1024),
             "peak_other_rss": max(others, default=0), "n_processes": len(peak_rss),
-            "returncode": proc.returncode, "aborted": aborted, "log": log_path}
+            "returncode": proc.returncode, "aborted": aborted, "log": log_path,
+            "last_available": timeline[-1][4] if timeline else None}
 
 
 def du(path: str) -> int:
@@ -187,6 +204,15 @@ def _tail(path: str, n: int = 3000) -> str:
         return f.read()[-n:]
 
 
+def _failure(m: dict) -> str:
+    if m["aborted"]:
+        return m["aborted"]
+    if m["returncode"] == -signal.SIGKILL and m.get("last_available"):
+        return (f"SIGKILL, not from this benchmark (MemAvailable {m['last_available'] / GIB:.1f} GiB at the last "
+                f"sample)")
+    return f"exit {m['returncode']}"
+
+
 def run_child(kind: str, args: dict, work: str, min_avail: int) -> dict:
     """Run ``bench_scale.py --child kind`` measured; its JSON answer merged with the measures."""
     result = os.path.join(work, f"{kind}.result.json")
@@ -196,7 +222,7 @@ def run_child(kind: str, args: dict, work: str, min_avail: int) -> dict:
     m = measure([sys.executable, os.path.abspath(__file__), "--child", kind, json.dumps(args)],
                 os.path.join(work, f"{kind}.log"), min_avail)
     if m["returncode"] != 0 or not os.path.exists(result):
-        why = m["aborted"] or f"exit {m['returncode']}"
+        why = _failure(m)
         print(f"  {kind} failed ({why}); log {m['log']}:\n{_tail(m['log'], 1500)}", file=sys.stderr)
         return {**m, "failed": why}
     with open(result) as f:
@@ -226,7 +252,7 @@ def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: s
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     m = measure(cmd, os.path.join(work, "funnel-build.log"), min_avail, env=env)
     if m["returncode"] != 0:
-        why = m["aborted"] or f"exit {m['returncode']}"
+        why = _failure(m)
         print(f"  funnel build failed ({why}); log {m['log']}:\n{_tail(m['log'], 1500)}", file=sys.stderr)
         return {**m, "failed": why}
     with open(os.path.join(out, "CURRENT")) as f:
@@ -572,7 +598,7 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
         for s, b in results[n]["build"].items():
             if "failed" in b:
                 L.append(f"| {int(n):,} | {s} | failed: {b['failed']} (after {b['wall_s']:.0f}s, peak tree RSS "
-                         f"{_mib(b['peak_tree_rss'])} MiB) | | | | | | | |")
+                         f"{_mib(b['peak_tree_rss'])} MiB) |" + " |" * 8)
                 continue
             stages = b.get("stages") or _get(b, "build", "stages", default={})
             L.append(f"| {int(n):,} | {s} | {b['wall_s']:.1f} | {b['cpu_s']:.1f} | {b.get('load_avg', 0):.1f} "
@@ -777,7 +803,7 @@ def main(argv=None):
     p.add_argument("--queries", type=int, default=1000, help="queries per pass (default %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="throughput passes, best kept (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", default="", help="systems to leave out, comma-separated (bm25s, pisa)")
+    p.add_argument("--skip", default="", help="systems to leave out, comma-separated (funnel, bm25s, pisa)")
     p.add_argument("--min-avail-gib", type=float, default=4.0,
                    help="kill a build or query child if MemAvailable drops below this (default %(default)s)")
     p.add_argument("--synth", default=os.path.join(".funnel", "synth"), help="corpus cache (default %(default)s)")
@@ -789,6 +815,9 @@ def main(argv=None):
     p.add_argument("--from-results", metavar="JSON", default=None,
                    help="run nothing: print (and with --write record) the tables and plots of a saved "
                         "results.json, under the command that measured it")
+    p.add_argument("--supplement", metavar="JSON", action="append", default=[],
+                   help="with --from-results: the tables of another saved run, appended under its own command "
+                        "(not merged: its figures are from a different run)")
     a = p.parse_args(argv)
     if a.from_results:
         import shlex
@@ -799,14 +828,25 @@ def main(argv=None):
         pisa_why = saved.get("pisa_why")
         paths = plot(saved["results"], a.plots)
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(a.from_results)))
-        report("scale", TITLE, render(saved["results"], run_args, pisa_why, saved["command"]) +
-               f"\n\nRendered from {a.from_results}, the results of that run (last written {stamp}).", a.write)
+        body = render(saved["results"], run_args, pisa_why, saved["command"])
+        for path in a.supplement:
+            with open(path) as f:
+                sup = json.load(f)
+            sup_args = p.parse_args(shlex.split(sup["command"])[2:])
+            sup_args.skip = [s for s in sup_args.skip.split(",") if s]
+            text = render(sup["results"], sup_args, sup.get("pisa_why"), sup["command"])
+            tables = [line for line in text.splitlines() if line.startswith(("|", "- ")) or not line.strip()]
+            body += (f"\n\n### Supplementary run, separate from the tables above\n\nCommand: `{sup['command']}` "
+                     "(its own run: compare its figures with each other, not with the run above).\n\n" +
+                     re.sub(r"\n{3,}", "\n\n", "\n".join(tables)).strip())
+        report("scale", TITLE, body + f"\n\nRendered from {a.from_results}, the results of that run (last written "
+               f"{stamp}).", a.write)
         print("plots: " + ", ".join(paths))
         return
     a.skip = [s for s in a.skip.split(",") if s]
-    bad = set(a.skip) - {"bm25s", "pisa"}
+    bad = set(a.skip) - set(SYSTEMS)
     if bad:
-        p.error(f"--skip {','.join(sorted(bad))}: choose from bm25s, pisa")
+        p.error(f"--skip {','.join(sorted(bad))}: choose from {', '.join(SYSTEMS)}")
     sizes = [parse_count(s) for s in a.sizes.split(",")]
     command = ".venv/bin/python bench/bench_scale.py " + " ".join(sys.argv[1:] if argv is None else argv)
     pisa_why = None if "pisa" in a.skip else pisa_available()
