@@ -391,27 +391,8 @@ if HAVE_NUMBA:
     def _query_weights(raw, idf):
         """(distinct gids, count · idf) of one query's term ids (with repeats), in the canonical
         order: weight descending, then gid ascending (``np.lexsort((gids, -ws))``)."""
-        g = np.sort(raw)
-        ug = np.empty(g.shape[0], dtype=np.int64)
-        cnt = np.empty(g.shape[0])
-        n = 0
-        for i in range(g.shape[0]):
-            if n > 0 and ug[n - 1] == g[i]:
-                cnt[n - 1] += 1.0
-            else:
-                ug[n] = g[i]
-                cnt[n] = 1.0
-                n += 1
-        neg = np.empty(n)
-        for i in range(n):
-            neg[i] = -(cnt[i] * idf[ug[i]])  # the float64 product the per-query path computes
-        order = np.argsort(neg, kind="mergesort")  # stable: equal weights stay gid ascending
-        gids = np.empty(n, dtype=np.int64)
-        ws = np.empty(n)
-        for i in range(n):
-            gids[i] = ug[order[i]]
-            ws[i] = -neg[order[i]]
-        return gids, ws
+        ug, cnt = _distinct_counts(raw)
+        return _canonical(ug, cnt, idf)
 
     @njit(cache=True, nogil=True)
     def search_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
