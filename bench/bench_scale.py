@@ -25,7 +25,11 @@ pyterrier-pisa's transformer wraps, and through the transformer itself).
 
 Prints the tables with ratios and the build-time exponent log(t2/t1)/log(n2/n1) between
 sizes, writes PNG plots to bench/plots/ and ``--write`` records the "scale" section of
-bench/RESULTS.md. Indexes and per-build logs go under ``.funnel/scale/`` (git-ignored).
+bench/RESULTS.md. Indexes, results.json and per-child logs go under ``.funnel/scale/``
+(git-ignored); beside each log, ``.mem.tsv`` is the memory timeline (tree RSS/PSS, driver,
+MemAvailable every 0.2 s) and ``.procs.tsv`` each process's peak, to find which stage and
+which process peaked. ``--from-results results.json [--supplement other.json]`` re-renders
+a saved run without running anything.
 """
 
 from __future__ import annotations
@@ -636,7 +640,8 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
                 parts.append(f"vs {s}: wall {fb['wall_s'] / b['wall_s']:.2f}x, CPU {fb['cpu_s'] / b['cpu_s']:.2f}x, "
                              f"peak RSS {fb['peak_tree_rss'] / b['peak_tree_rss']:.2f}x, "
                              f"index size {fb['index_bytes'] / b['index_bytes']:.2f}x")
-        L.append(f"- {int(n):,} docs: " + "; ".join(parts))
+        if parts:
+            L.append(f"- {int(n):,} docs: " + "; ".join(parts))
 
     L += ["", "### Queries", "",
           f"Throughput: the first {a.queries} generated queries, batch, one thread, best of {a.repeats} "
