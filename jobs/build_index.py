@@ -853,18 +853,28 @@ def describe_report(rep: BuildReport) -> str:
     return "\n".join(lines)
 
 
+def llm_endpoint_of(a: argparse.Namespace) -> tuple[str, str] | None:
+    """(base_url, model) of ``--llm local`` (``("local", "local")``) or ``--llm-base-url
+    --llm-model``; None when neither is given (build and reindex read the same flags)."""
+    if getattr(a, "llm", None) == "local":
+        return ("local", "local")
+    if getattr(a, "llm_base_url", None):
+        if not a.llm_model:
+            raise ValueError("--llm-base-url needs --llm-model")
+        return (a.llm_base_url, a.llm_model)
+    return None
+
+
 def enrich_settings_from_args(a: argparse.Namespace):
     """The :class:`EnrichSettings` of ``--enrich ...``, or None without ``--enrich``."""
     if not getattr(a, "enrich", False):
         return None
     from funnel.pipelines.enrich import EnrichSettings
-    if a.llm == "local":
-        base_url, model = "local", "local"
-    elif a.llm_base_url and a.llm_model:
-        base_url, model = a.llm_base_url, a.llm_model
-    else:
+    endpoint = llm_endpoint_of(a)
+    if endpoint is None:
         raise ValueError("--enrich needs an LLM: --llm-base-url URL --llm-model NAME (vLLM, TGI, llama.cpp, "
                          "OpenAI), or --llm local for the embedded SmolLM2")
+    base_url, model = endpoint
     return EnrichSettings(base_url=base_url, model=model, task=a.enrich_task, tau=a.enrich_tau,
                           max_n=a.enrich_max_n, concurrency=a.enrich_concurrency, timeout=a.enrich_timeout,
                           retries=a.enrich_retries)

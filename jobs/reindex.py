@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 
 from funnel.jobs.build_index import (BuildError, _collect_rejects, _HelpFormatter, _init_ray, _keep_rejects,
-                                     _max_restarts, _progress_counter)
+                                     _max_restarts, _progress_counter, llm_endpoint_of)
 
 log = logging.getLogger("funnel.build")
 
@@ -574,16 +574,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'none': off)")
 
 
-def _llm_of(a: argparse.Namespace) -> tuple[str, str] | None:
-    if getattr(a, "llm", None) == "local":
-        return ("local", "local")
-    if getattr(a, "llm_base_url", None):
-        if not a.llm_model:
-            raise ValueError("--llm-base-url needs --llm-model")
-        return (a.llm_base_url, a.llm_model)
-    return None
-
-
 def describe_report(rep: ReindexReport) -> str:
     diff = (f"{rep.unchanged} unchanged, {rep.changed} changed, {rep.added} added, {rep.deleted} deleted, "
             f"{rep.n_rejects} rejected")
@@ -606,7 +596,7 @@ def run_from_args(a: argparse.Namespace) -> ReindexReport:
     rep = reindex(a.index, a.corpus, dense=a.dense, keep_versions=a.keep_versions, fmt=a.fmt, id_field=a.id_field,
                   title_field=a.title_field, text_field=a.text_field, strict=a.strict, force=a.force,
                   embed_model=a.embed_model, embed_batch_size=a.embed_batch_size, executor=a.executor,
-                  num_cpus=a.num_cpus, llm=_llm_of(a), enrich_cache=None if a.enrich_cache == "none" else a.enrich_cache)
+                  num_cpus=a.num_cpus, llm=llm_endpoint_of(a), enrich_cache=None if a.enrich_cache == "none" else a.enrich_cache)
     print(describe_report(rep))
     return rep
 

@@ -247,9 +247,9 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
     exp = expansion_terms(proposals, verdicts)
     lam = prep.config.lambda_for(proposer)
     e = {t_: w for t_, (w, _) in exp.items()}
-    weights = weighted_query(qterms, e, lam)
     first = weighted_query(qterms, {t_: w for t_, w in e.items() if t_ in qterms}, lam)
     then = {t_: 0.0 + lam * w for t_, w in e.items() if t_ not in qterms}
+    weights = {**first, **then}  # = weighted_query(qterms, e, lam): the merged dict, same order
     timings = {**ctx.timings, "propose": t_prop, "filter": _ms(t)}
     return Expansion(qterms, proposals, verdicts, exp, weights, first, then, proposer, lam, note, llm_error,
                      timings)
