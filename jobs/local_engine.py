@@ -42,18 +42,24 @@ def _write_chunk_rejects(work: str, chunk, res) -> None:
                    "rows": len(res.rows), "rejects": res.rejects}, f)
 
 
+def split_by_shard(rows: list[dict], n_shards: int) -> list[pa.Table]:
+    """A chunk's valid rows as one table per shard (``ROW_COLUMNS``; an empty table where the
+    chunk has no row of that shard), in chunk order."""
+    from funnel.pipelines.corpus import shard_of
+    by_shard: list[list[dict]] = [[] for _ in range(n_shards)]
+    for r in rows:
+        by_shard[shard_of(r["doc_id"], n_shards)].append(r)
+    return [pa.table({c: [r[c] for r in part] for c in ROW_COLUMNS}, schema=_ROW_SCHEMA) for part in by_shard]
+
+
 def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None:
     """Write a chunk's valid rows to ``work/rows/shard-NNNN/chunk-NNNNNN.parquet``, per shard."""
-    from funnel.pipelines.corpus import shard_of
     from funnel.pipelines.shard import shard_name
-    by_shard: dict[int, list[dict]] = {}
-    for r in rows:
-        by_shard.setdefault(shard_of(r["doc_id"], n_shards), []).append(r)
-    for s, part in by_shard.items():
-        d = os.path.join(work, "rows", shard_name(s))
-        os.makedirs(d, exist_ok=True)
-        table = pa.table({c: [r[c] for r in part] for c in ROW_COLUMNS}, schema=_ROW_SCHEMA)
-        pq.write_table(table, os.path.join(d, f"chunk-{chunk_index:06d}.parquet"))
+    for s, table in enumerate(split_by_shard(rows, n_shards)):
+        if table.num_rows:
+            d = os.path.join(work, "rows", shard_name(s))
+            os.makedirs(d, exist_ok=True)
+            pq.write_table(table, os.path.join(d, f"chunk-{chunk_index:06d}.parquet"))
 
 
 def _shard_rows(work: str, shard: int) -> dict:

@@ -102,3 +102,23 @@ def test_fingerprint_stable_and_config_sensitive():
 def test_long_tokens_split_at_255():
     toks = tokenize_raw("a" * 600)
     assert [len(t) for t in toks] == [255, 255, 90]
+
+
+def test_per_word_analysis_equals_whole_text_segmentation():
+    """``analyze`` splits at whitespace and remembers each word's terms; that must equal
+    segmenting the whole text (``tokenize_raw``) then stopping and stemming, on generated text
+    full of the hard cases: apostrophes, numbers with separators, marks, ZWJ, soft hyphens,
+    emoji, CJK, and whitespace of every kind (a mark right after whitespace included)."""
+    import random
+
+    from funnel.pipelines.analysis import LUCENE_ENGLISH_STOPWORDS
+    rng = random.Random(7)
+    pieces = ["cell", "Cells", "running", "don't", "O'Neill", "John's", "3.14", "1,000", "U.S.A.", "e-mail",
+              "IL-6", "(p<0.05)", "café", "naïve", "ΣΑΣ", "İstanbul", "日本語", "😀", "👩\u200d🔬", "'s", "’s",
+              "___", "a", "the", "x\u0301", "\u0301", "\u200d", "\u00ad", "—", "...", ",", "'", "42nd", "ß-catenin"]
+    spaces = [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u2009", "\u3000", "\x1c", "\u2028", "\x85", ""]
+    analyzer = Analyzer()  # one instance: later texts hit words cached by earlier ones
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) + rng.choice(spaces) for _ in range(rng.randint(1, 12)))
+        expected = [porter_stem(t) for t in tokenize_raw(text) if t not in LUCENE_ENGLISH_STOPWORDS]
+        assert analyzer.analyze(text) == expected, repr(text)

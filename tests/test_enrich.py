@@ -319,7 +319,7 @@ def test_build_cli_flags(server, tmp_path, capsys):
                  "--llm-base-url", server.base_url, "--llm-model", "scripted", "--enrich-tau", "0.5",
                  "--enrich-max-n", "1", "--enrich-task", "qa", "--enrich-cache", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
-    assert "enrichment: scripted (sira-enrich-2/qa/max_n=1): 3 docs" in out
+    assert "enrichment: scripted (sira-enrich-3/qa/max_n=1): 3 docs" in out
     with open(os.path.join(_version(str(tmp_path / "ix")), "manifest.json")) as f:
         m = json.load(f)["enrichment"]
     assert m["task"] == "qa" and m["max_n"] == 1 and m["tau"] == 0.5

@@ -2,19 +2,19 @@
 build publishes the same index as an undisturbed build.
 
 Each build is a real ``--engine ray`` build in its own Python process, on a fresh local Ray
-that the build starts (RAY_ADDRESS unset), bounded by ``BUILD_TIMEOUT_S``. The physical plan
-on Ray 2.60 is ``FlatMap(parse) -> HashShuffleMap -> HashShuffleReduce->MapBatches(build)``:
-the shard function runs fused into the shuffle-reduce task. Aim:
+that the build starts (RAY_ADDRESS unset), bounded by ``BUILD_TIMEOUT_S``. The lexical stage
+is a Ray task per chunk (``_read_chunk_task``: read, split by shard into the object store)
+and a streaming-generator task per shard (``_shard_task``). Aim:
 
-- parse and shuffle-reduce: the test-only hook ``FUNNEL_FAULT_KILL=STAGE:N:MARKER``
+- at a known point: the test-only hook ``FUNNEL_FAULT_KILL=STAGE:N:MARKER``
   (``funnel.jobs.build_index.FAULT_ENV``) makes the worker running chunk N / shard N kill
-  itself with SIGKILL, once (MARKER gets its pid);
-- shuffle-map runs no funnel code, so a watcher here SIGKILLs the first descendant of the
-  build process whose title is ``ray::HashShuffleMap...`` (a worker executing that task).
+  itself with SIGKILL, once (MARKER gets its pid), after its work is done;
+- at no chosen point: a watcher here SIGKILLs the first descendant of the build process whose
+  title is ``ray::_shard_task`` (a worker executing a shard task), wherever it is.
 
-What retries them is Ray's defaults, which the build leaves alone: Ray Data map tasks have
-``max_retries=-1``, the shuffle tasks Ray's default of 3 retries on a worker's death. With
-``max_retries=0`` patched in, each of these kills fails the build (WorkerCrashedError).
+What retries them is Ray's default of 3 retries on a worker's death, which the build leaves
+alone (streaming generators included); their results are owned by the driver, so a lost one
+is rebuilt from lineage. With ``max_retries=0`` each of these kills fails the build.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from test_build_engines import assert_same_index, assert_same_results
 BUILD_TIMEOUT_S = 240
 SHARDS = 3
 CHUNK_BYTES = 256 << 10
-SHUFFLE_MAP_TITLE = b"ray::HashShuffleMap"
+SHARD_TASK_TITLE = b"ray::_shard_task"
 
 _BUILD = ("import sys\n"
           "from funnel.jobs.build_index import build\n"
@@ -151,7 +151,7 @@ def _dead(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("stage,item", [("parse", 3), ("shard", 1)],
-                         ids=["parse", "shuffle-reduce"])
+                         ids=["parse", "shard"])
 def test_worker_killed_in_stage_is_retried_and_the_index_is_the_same(corpus, undisturbed, tmp_path, stage, item):
     marker = str(tmp_path / "killed.pid")
     root = str(tmp_path / "ix")
@@ -164,10 +164,11 @@ def test_worker_killed_in_stage_is_retried_and_the_index_is_the_same(corpus, und
     assert_same_results(root, undisturbed)
 
 
-def test_worker_killed_in_shuffle_map_is_retried_and_the_index_is_the_same(corpus, undisturbed, tmp_path):
+def test_worker_killed_from_outside_in_a_shard_task_is_retried_and_the_index_is_the_same(corpus, undisturbed,
+                                                                                         tmp_path):
     root = str(tmp_path / "ix")
-    _, killed = _run_build(corpus, root, kill_title=SHUFFLE_MAP_TITLE)
-    assert killed is not None, "the watcher saw no worker executing a HashShuffleMap task"
+    _, killed = _run_build(corpus, root, kill_title=SHARD_TASK_TITLE)
+    assert killed is not None, "the watcher saw no worker executing a shard task"
     assert _dead(killed[0]), killed
     assert_same_index(root, undisturbed)
     assert_same_results(root, undisturbed)
