@@ -1,10 +1,11 @@
 """Scale benchmark: build and query BM25 on synthetic corpora of 100K to 3M documents, funnel vs bm25s vs PISA.
 
-    .venv/bin/python bench/bench_scale.py [--sizes 100k,1m[,3m]] [--shards N] [--queries 1000] [--repeats 5] [--write]
+    .venv/bin/python bench/bench_scale.py [--sizes 100k,1m[,3m]] [--shards N | --shard-mib M] [--queries 1000] [--repeats 5] [--write]
 
 Per size, in one run: the corpus from ``bench/synth.py`` (seeded, cached under
 ``.funnel/synth/SIZE``), then three builds, each a fresh child process measured from
-outside: ``funnel build`` (the CLI, default engine and shard choice unless ``--shards``),
+outside: ``funnel build`` (the CLI, default engine and shard choice unless ``--shards`` or
+``--shard-mib``),
 bm25s (read corpus.jsonl, ``bm25s.tokenize`` with English stopwords + PyStemmer Porter,
 ``method="lucene"`` k1=0.9 b=0.4, ``save()``) and PISA through pyterrier-pisa (index, then
 the BM25 block-max index PISA compresses on first use; no stemmer and no stopwords, since
@@ -248,11 +249,13 @@ def _corpus_texts(corpus: str):
             yield d["_id"], d.get("title", "") + " " + d["text"]
 
 
-def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: str, min_avail: int) -> dict:
+def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: str, min_avail: int,
+                 shard_mib: int | None = None) -> dict:
     """``funnel build`` as a user runs it (the CLI, a fresh process), measured; plus its manifest's facts."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", out,
-           "--engine", engine, "--progress-seconds", "20"] + (["--shards", str(shards)] if shards else [])
+           "--engine", engine, "--progress-seconds", "20"] + (["--shards", str(shards)] if shards else []) \
+        + (["--shard-mib", str(shard_mib)] if shard_mib else [])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     m = measure(cmd, os.path.join(work, "funnel-build.log"), min_avail, env=env)
     if m["returncode"] != 0:
@@ -530,7 +533,7 @@ def run_size(n: int, a, pisa_why: str | None) -> dict:
         if system in a.skip or (system == "pisa" and pisa_why):
             continue
         if system == "funnel":
-            b = funnel_build(corpus, idx["funnel"], a.engine, a.shards, work, min_avail)
+            b = funnel_build(corpus, idx["funnel"], a.engine, a.shards, work, min_avail, a.shard_mib)
         else:
             b = run_child(builds[system][0], builds[system][1], work, min_avail)
         res["build"][system] = b
@@ -804,6 +807,7 @@ def main(argv=None):
                                 epilog="\n".join(__doc__.splitlines()[3:]))
     p.add_argument("--sizes", default="100k,1m", help="corpus sizes, comma-separated (default %(default)s)")
     p.add_argument("--shards", type=int, default=None, help="funnel --shards (default: funnel's auto choice)")
+    p.add_argument("--shard-mib", type=int, default=None, help="funnel --shard-mib (default: funnel's 256 MiB)")
     p.add_argument("--engine", default="auto", choices=["auto", "local", "ray"], help="funnel --engine")
     p.add_argument("--queries", type=int, default=1000, help="queries per pass (default %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="throughput passes, best kept (default %(default)s)")

@@ -5,6 +5,7 @@ that chose the defaults, and the test table with a paired comparison per row.
     .venv/bin/python bench/bench_sira.py --select                # train/dev grid
     .venv/bin/python bench/bench_sira.py --test --runs runs/sira # test table + funnel compare
     .venv/bin/python bench/bench_sira.py --test --llm-queries 50 # + llm rows on the first 50 queries
+    .venv/bin/python bench/bench_sira.py --test --enriched scifact=IDX  # + rows on an enriched index
 
 Speed: SIRA's query time excluding LLM time vs plain BM25 on the same queries in the same
 process (every query of queries.jsonl, k=100, batch API, best of --repeats passes each). The
@@ -12,7 +13,8 @@ baseline is funnel's own BM25 batch path (search_batch mode="bm25"). The dense p
 a query vector; its embedding is computed once before timing and reported as its own column.
 Selection: SciFact train qrels and NFCorpus dev qrels only (never test). Test: the chosen
 defaults, each SIRA row against BM25 with `funnel compare` (McNemar on success@10 and the
-sign-flip randomization test on NDCG@10). Indexes come from .funnel/indexes/NAME (built
+sign-flip randomization test on NDCG@10); ``--enriched NAME=INDEX_ROOT`` adds the same rows
+(BM25 too) on a corpus-enriched index of that set, each against the un-enriched BM25. Indexes come from .funnel/indexes/NAME (built
 with vectors if missing, as `funnel eval` does). Nothing is written to bench/RESULTS.md
 unless --write is given.
 """
@@ -241,14 +243,27 @@ def _compare(run_a: str, run_b: str, qrels: str, name_b: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_table(datasets, runs_dir: str, llm_queries: int) -> str:
+def _enrichment_line(ds: str, root: str) -> str:
+    """What the enriched index of ``ds`` holds: its manifest's enrichment counts."""
+    from funnel.serving.search import open_index
+    man = open_index(root).index.manifest
+    e = man.get("enrichment") or {}
+    c = e.get("counts") or {}
+    return (f"Enriched {ds} index `{root}`: {e.get('model', '?')}, prompt `{e.get('prompt_id', '?')}`, τ "
+            f"{e.get('tau', '?')}; of {c.get('documents', 0):,} documents {c.get('cached', 0) + c.get('enriched', 0):,} "
+            f"have an answer ({c.get('failed', 0):,} without one stay unenriched), {c.get('with_kept', 0):,} got "
+            f"at least one phrase; {c.get('phrases_kept', 0):,} of {c.get('phrases_proposed', 0):,} proposed "
+            f"phrases kept, {c.get('terms_injected', 0):,} terms injected.")
+
+
+def test_table(datasets, runs_dir: str, llm_queries: int, enriched: dict[str, str] | None = None) -> str:
     from funnel.evaluation.evaluate import load_beir
-    from funnel.evaluation.metrics import evaluate
     from funnel.evaluation.trec import write_run
     from funnel.serving.sira import SiraConfig as SiraDefaults
     os.makedirs(runs_dir, exist_ok=True)
     lines = ["Command: `.venv/bin/python bench/bench_sira.py --test --runs RUNS"
-             + (f" --llm-queries {llm_queries}" if llm_queries else "") + " --write`. Test qrels, k=100, "
+             + (f" --llm-queries {llm_queries}" if llm_queries else "")
+             + "".join(f" --enriched {k}={v}" for k, v in (enriched or {}).items()) + " --write`. Test qrels, k=100, "
              "SIRA with the defaults chosen on train/dev (no corpus enrichment). p-values from `funnel compare "
              "BM25_RUN SIRA_RUN --qrels test.tsv`: McNemar on success@10 (hit) and the sign-flip randomization "
              "test on NDCG@10 (10,000 flips, seed 0).", "",
@@ -261,6 +276,13 @@ def test_table(datasets, runs_dir: str, llm_queries: int) -> str:
         default = SiraDefaults().offline_proposer
         rows = [("bm25", ix, "bm25", {}, qs)] + [
             (f"sira-{p}" + (" (default)" if p == default else ""), ix, "sira", {"proposer": p}, qs) for p in OFFLINE]
+        eroot = (enriched or {}).get(ds)
+        if eroot:
+            from funnel.serving.search import open_index
+            ix_e = open_index(eroot)
+            lines.insert(1, "\n" + _enrichment_line(ds, eroot))
+            rows += [("bm25+enriched", ix_e, "sira-bm25", {}, qs)] + [
+                (f"sira-{p}+enriched", ix_e, "sira", {"proposer": p}, qs) for p in OFFLINE]
         llm = None
         if llm_queries:
             from funnel.serving.chat import LocalLlamaServer
@@ -271,10 +293,14 @@ def test_table(datasets, runs_dir: str, llm_queries: int) -> str:
             rows += [(f"bm25 (first {llm_queries})", ix, "bm25", {}, sub),
                      (f"sira-llm (first {llm_queries})", ix_llm, "sira", {"proposer": "llm"}, sub),
                      (f"sira-union+llm (first {llm_queries})", ix_llm, "sira", {"proposer": "union"}, sub)]
+            if eroot:
+                ix_llm_e = open_index(eroot, chat=llm.chat(timeout=120))
+                rows += [(f"sira-llm+enriched (first {llm_queries})", ix_llm_e, "sira", {"proposer": "llm"}, sub)]
         base_path = {}
         for label, searcher, mode, opts, qset in rows:
             t = time.perf_counter()
-            m, run = _evaluate(searcher, qset, {q: qrels[q] for q in qset}, mode, **opts)
+            # "sira-bm25": plain BM25 on another index, compared against the un-enriched BM25
+            m, run = _evaluate(searcher, qset, {q: qrels[q] for q in qset}, mode.removeprefix("sira-"), **opts)
             secs = time.perf_counter() - t
             path = os.path.join(runs_dir, f"{ds}-{label.split(' ')[0]}{'-sub' if len(qset) < len(qs) else ''}.trec")
             write_run(path, run, tag=label.split(" ")[0])
@@ -297,7 +323,8 @@ def test_table(datasets, runs_dir: str, llm_queries: int) -> str:
                          f"{m['ndcg@10'] - bm['ndcg@10']:+.4f} | {c['b']} / {c['c']} | "
                          f"{c['mcnemar']['p_value']:.4f} | {c['randomization']['p_value']:.4f} |")
         if llm is not None:
-            del ix_llm, rows
+            ix_llm = ix_llm_e = None  # noqa: F841 (closed before the server stops)
+            del rows
             llm.__exit__(None, None, None)
     return "\n".join(lines + [""])
 
@@ -314,6 +341,8 @@ def main(argv=None) -> int:
                    help="also run the llm proposer (local SmolLM2) on the first N queries of each set: "
                         "--select and --test score it, the speed test times it with its sketches cached "
                         "(default: 0, none; ~1-3 s per query on a 2-core CPU)")
+    p.add_argument("--enriched", action="append", default=[], metavar="NAME=INDEX_ROOT",
+                   help="--test: also the rows on this corpus-enriched index of set NAME (repeatable)")
     p.add_argument("--repeats", type=int, default=3, help="speed: passes per configuration, best kept (default: 3)")
     p.add_argument("--write", action="store_true", help="rewrite this benchmark's section(s) of bench/RESULTS.md")
     a = p.parse_args(argv)
@@ -323,7 +352,9 @@ def main(argv=None) -> int:
     if a.select:
         name, title, body = "sira-select", "SIRA: choosing the defaults on train/dev", select(datasets, a.llm_queries)
     elif a.test:
-        name, title, body = "sira-test", "SIRA: test quality vs BM25", test_table(datasets, a.runs, a.llm_queries)
+        enriched = dict(e.split("=", 1) for e in a.enriched)
+        name, title, body = ("sira-test", "SIRA: test quality vs BM25",
+                             test_table(datasets, a.runs, a.llm_queries, enriched))
     else:
         name, title, body = "sira-speed", "SIRA: query time vs plain BM25", speed(datasets, a.repeats, a.llm_queries)
     print(body)

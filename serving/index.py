@@ -31,7 +31,7 @@ from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import load_vocabulary
 
 from .bm25 import ShardScorer, idf_lucene
-from .result import docno, split_docno
+from .result import split_docno
 
 log = logging.getLogger(__name__)
 
@@ -84,30 +84,29 @@ class DocStore:
     """Documents by docno, from ``docs/shard-NNNN.parquet``; text columns load lazily per shard."""
 
     def __init__(self, version_dir: str, n_shards: int):
+        import pyarrow.compute as pc
         self.dir = os.path.join(version_dir, "docs")
         self.n_shards = n_shards
-        self.doc_ids: list[np.ndarray] = []
-        self._by_id: dict[str, int] = {}
-        for s in range(n_shards):
-            t = _read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
-            ids = np.asarray(t.column("doc_id").to_pylist(), dtype=object)
-            self.doc_ids.append(ids)
-            for i, d in enumerate(ids):
-                self._by_id[d] = docno(s, i)
+        columns = [_read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
+                   .column("doc_id") for s in range(n_shards)]
+        self.doc_ids: list[np.ndarray] = [np.asarray(c.to_pylist(), dtype=object) for c in columns]
         # Position of each document's id in the sorted list of all ids: score ties are broken
-        # by doc_id ascending (as Anserini does) with integer compares.
-        all_ids = np.concatenate(self.doc_ids) if self.doc_ids else np.zeros(0, dtype=object)
-        rank = np.empty(len(all_ids), dtype=np.int64)
-        rank[np.argsort(all_ids, kind="stable")] = np.arange(len(all_ids))
+        # by doc_id ascending (as Anserini does) with integer compares. Arrow sorts the UTF-8
+        # bytes, which is code point order, as Python's str compare; in C++ it takes ~1 s for
+        # 3M ids where NumPy's argsort over Python strings took several.
+        all_arrow = pa.chunked_array([c for col in columns for c in col.chunks], type=pa.string())
+        rank = np.empty(len(all_arrow), dtype=np.int64)
+        rank[pc.sort_indices(all_arrow).to_numpy()] = np.arange(len(all_arrow))
         bounds = np.cumsum([0] + [len(x) for x in self.doc_ids])
         self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
-        self._all_ids = all_ids
+        self._all_ids = np.concatenate(self.doc_ids) if self.doc_ids else np.zeros(0, dtype=object)
         self._bounds = bounds
+        self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self._text: dict[int, dict[str, list]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self._all_ids)
 
     def doc_id(self, n: int) -> str:
         s, i = split_docno(n)
@@ -119,7 +118,15 @@ class DocStore:
         return self._all_ids[self._bounds[docnos >> 32] + (docnos & 0xFFFFFFFF)].tolist()
 
     def docno_of(self, doc_id: str) -> int | None:
-        return self._by_id.get(doc_id)
+        by_id = self._by_id
+        if by_id is None:
+            with self._lock:
+                if self._by_id is None:
+                    docnos = np.concatenate([(np.int64(s) << 32) + np.arange(len(ids), dtype=np.int64)
+                                             for s, ids in enumerate(self.doc_ids)] or [np.zeros(0, np.int64)])
+                    self._by_id = dict(zip(self._all_ids.tolist(), docnos.tolist()))
+                by_id = self._by_id
+        return by_id.get(doc_id)
 
     def _columns(self, shard: int) -> dict[str, list]:
         cols = self._text.get(shard)
