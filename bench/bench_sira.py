@@ -264,7 +264,8 @@ def test_table(datasets, runs_dir: str, llm_queries: int, enriched: dict[str, st
     lines = ["Command: `.venv/bin/python bench/bench_sira.py --test --runs RUNS"
              + (f" --llm-queries {llm_queries}" if llm_queries else "")
              + "".join(f" --enriched {k}={v}" for k, v in (enriched or {}).items()) + " --write`. Test qrels, k=100, "
-             "SIRA with the defaults chosen on train/dev (no corpus enrichment). p-values from `funnel compare "
+             "SIRA with the defaults chosen on train/dev; rows marked +enriched search the corpus-enriched index "
+             "(BM25 there too), every row against the un-enriched BM25. p-values from `funnel compare "
              "BM25_RUN SIRA_RUN --qrels test.tsv`: McNemar on success@10 (hit) and the sign-flip randomization "
              "test on NDCG@10 (10,000 flips, seed 0).", "",
              "| dataset | run | queries | NDCG@10 | R@10 | Δ NDCG@10 | b / c (only BM25 / only SIRA succeed) "
