@@ -64,10 +64,11 @@ class BuildError(RuntimeError):
 ENGINES = ("auto", "ray", "local")
 
 #: Auto shard count: one shard per this many bytes of corpus text (JSONL bytes, or Parquet's
-#: uncompressed bytes). Build memory follows shard size: ~8 bytes of peak RSS per corpus
-#: byte in a shard over a ~250 MB base (SciFact x4 / x16, 32 / 130 MB: 0.5 / 1.3 GB), so a
-#: 256 MiB shard peaks near 2.3 GB. At query time each extra shard costs 4-20 µs per query
-#: (SciFact, k=10 / k=100: 4 shards take 1.22x / 1.80x the time of 1, at 47 / 72 µs a
+#: uncompressed bytes). Build memory follows shard size: a Ray shard worker peaked at ~0.9 GB
+#: for 73 MiB shards and ~2.3 GB for 200 MiB ones (bench_scale, synthetic 1M/3M), ~11 bytes
+#: per corpus byte, two at a time on 2 cores (``--shard-mib`` sets a smaller size). At query
+#: time each extra shard costs 4-20 µs per query (SciFact, k=10 / k=100: 4 shards take
+#: 1.22x / 1.80x the time of 1, at 47 / 72 µs a
 #: query on one shard), which is ~1% once a shard holds 256 MiB (~2 ms a query). Below
 #: the target one shard answers fastest.
 SHARD_TARGET_BYTES = 256 << 20
