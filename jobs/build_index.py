@@ -733,7 +733,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-mib", type=int, default=None,
                    help="auto shard count from this shard size instead of 256 MiB of corpus: a shard's size "
                         "bounds a Ray shard task's memory (~11 bytes per corpus byte at 80 MiB, measured on "
-                        "synthetic text), at a few µs per shard per query")
+                        "synthetic text), at a few µs per shard per query (default: none, 256 MiB)")
     p.add_argument("--engine", default="auto", choices=ENGINES,
                    help="where the stages run: ray (Ray Data; a local Ray unless RAY_ADDRESS is set), local "
                         "(this process, no Ray), or auto: local for a small corpus when RAY_ADDRESS is unset "
