@@ -169,6 +169,17 @@ def test_choose_shards_refuses_zero():
         choose_shards(0, 1)
 
 
+def test_shard_mib_sets_the_auto_size_and_is_checked(tmp_path):
+    from funnel.jobs.build_index import build
+    n, why = choose_shards(None, 800 << 20, 80 << 20)
+    assert n == 10 and "one shard per 80.0 MiB" in why
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "a", "text": "x"}])
+    for kw in ({"shard_mib": 0}, {"shard_mib": 64, "shards": 2}):
+        with pytest.raises(ValueError, match="--shard-mib must be >= 1 and is not used with --shards"):
+            build(corpus, str(tmp_path / "ix"), engine="local", **kw)
+    assert not os.path.exists(tmp_path / "ix" / "CURRENT")
+
+
 def test_auto_engine_by_size_and_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert choose_engine("auto", 8 << 20, 1, cpus=16)[0] == "local"
