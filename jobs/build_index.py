@@ -204,7 +204,8 @@ def _quiet_ray_notices() -> None:
 #: Object store of a local Ray that funnel starts (``$FUNNEL_RAY_OBJECT_STORE_BYTES`` overrides):
 #: the read tasks' per-shard parts wait there for the shard tasks, and Ray spills what does
 #: not fit to disk, so the build's shared memory stays at this size, not the corpus's (Ray's
-#: own default is 30% of the machine's memory). A cluster's store is its own setting.
+#: own default, 30% of the machine's memory, stays where it is smaller). A cluster's store is
+#: its own setting.
 LOCAL_OBJECT_STORE_BYTES = 2 << 30
 
 
@@ -227,7 +228,8 @@ def _init_ray(num_cpus: int | None = None) -> dict:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
         kind, started_by = "local", "funnel"
-        store = int(os.environ.get("FUNNEL_RAY_OBJECT_STORE_BYTES") or LOCAL_OBJECT_STORE_BYTES)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        store = int(os.environ.get("FUNNEL_RAY_OBJECT_STORE_BYTES") or min(LOCAL_OBJECT_STORE_BYTES, int(0.3 * ram)))
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=True, logging_level=logging.WARNING, object_store_memory=store)
     if kind != "existing":  # the calling program's Ray Data settings stay its own
