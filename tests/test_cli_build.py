@@ -91,7 +91,10 @@ def test_build_says_which_ray_and_records_it(built):
 def test_build_logs_progress_and_says_what_it_built(built):
     p, root = built
     assert re.search(rf"funnel\.build INFO embed: \d+ of {N_DOCS} documents \(\d+%\)", p.stderr), p.stderr[-3000:]
-    assert re.search(r"funnel\.build INFO read \+ analyze: [\d,]+ documents", p.stderr)
+    # The lexical stage of 60 documents ends within the first 1 s tick (Ray tasks, no shuffle),
+    # so it may log no periodic line; it always logs its summary.
+    assert re.search(rf"funnel\.build INFO lexical: {N_DOCS} documents in 2 shards, 0 rejected", p.stderr), \
+        p.stderr[-3000:]
     out = p.stdout.splitlines()
     assert out[0].startswith(f"published {root}/v000001: {N_DOCS} documents in 2 shards, 0 rejected")
     assert out[0].endswith("on a local Ray started by funnel")
