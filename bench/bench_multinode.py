@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     base = rows[-1][2]
     lines = [f"Command: `.venv/bin/python bench/bench_multinode.py --dataset {a.dataset}`. One machine "
              f"({os.cpu_count()} cores); `ray job submit -- python jobs/build_index.py --engine ray` on clusters "
-             "started with `ray start`, timed from submit to the job's end (Ray Data start-up in the job "
+             "started with `ray start`, timed from submit to the job's end (Ray start-up in the job "
              "included, cluster start-up separate); load average at the end "
              f"{os.getloadavg()[0]:.1f}.", "",
              "| setup | cluster start s | build job s | ÷ local engine |", "|---|---:|---:|---:|"]
