@@ -129,7 +129,7 @@ class AnalyzerConfig:
 
 
 #: Distinct words whose analysis an :class:`Analyzer` remembers (~100 bytes each).
-SEGMENT_CACHE_SIZE = 1_000_000
+WORD_CACHE_SIZE = 1_000_000
 
 
 class Analyzer:
@@ -164,14 +164,14 @@ class Analyzer:
         """The token stream Lucene would index for ``text``."""
         if not text.isascii() and _GLUED_TO_SPACE.search(text):
             got = self._analyze_word(text)
-            return [got] if got.__class__ is str and got else list(got) if got.__class__ is tuple else []
+            return list(got) if isinstance(got, tuple) else [got] if got else []
         cache, out = self._words, []
         append = out.append
         for word in text.split():
             got = cache.get(word)
             if got is None:
                 got = self._analyze_word(word)
-                if len(cache) < SEGMENT_CACHE_SIZE:
+                if len(cache) < WORD_CACHE_SIZE:
                     cache[word] = got
             if got.__class__ is str:
                 if got:
