@@ -89,7 +89,6 @@ class DocStore:
         self.n_shards = n_shards
         columns = [_read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
                    .column("doc_id") for s in range(n_shards)]
-        self.doc_ids: list[np.ndarray] = [np.asarray(c.to_pylist(), dtype=object) for c in columns]
         # Position of each document's id in the sorted list of all ids: score ties are broken
         # by doc_id ascending (as Anserini does) with integer compares. Arrow sorts the UTF-8
         # bytes, which is code point order, as Python's str compare; in C++ it takes ~1 s for
@@ -97,9 +96,11 @@ class DocStore:
         all_arrow = pa.chunked_array([c for col in columns for c in col.chunks], type=pa.string())
         rank = np.empty(len(all_arrow), dtype=np.int64)
         rank[pc.sort_indices(all_arrow).to_numpy()] = np.arange(len(all_arrow))
-        bounds = np.cumsum([0] + [len(x) for x in self.doc_ids])
+        bounds = np.cumsum([0] + [len(c) for c in columns])
         self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
-        self._all_ids = np.concatenate(self.doc_ids) if self.doc_ids else np.zeros(0, dtype=object)
+        # One array of every id; each shard's ids are a view of it (no second copy).
+        self._all_ids = np.asarray(all_arrow.to_pylist(), dtype=object)
+        self.doc_ids: list[np.ndarray] = [self._all_ids[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
         self._bounds = bounds
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self._text: dict[int, dict[str, list]] = {}
