@@ -416,12 +416,13 @@ class Outcome:
 
 def propose_documents(docs: Sequence[tuple[str, str, str]], propose: Callable[[str, str], list[str]],
                       cache: EnrichmentCache | None = None, concurrency: int = 4,
-                      progress: Callable[[int], None] | None = None,
+                      progress: Callable[[int, bool], None] | None = None,
                       flush_every: int = 64) -> list[Outcome]:
     """Phrases for each ``(content_hash, title, text)``, in order; never raises for a document.
 
-    Cached hashes are answered from ``cache``; the rest go to ``propose`` with at most
-    ``concurrency`` calls in flight. Successes are written to the cache every
+    Cached hashes are answered from ``cache`` (``progress(n, True)`` once, before any call);
+    the rest go to ``propose`` with at most ``concurrency`` calls in flight
+    (``progress(1, False)`` per answer or failure). Successes are written to the cache every
     ``flush_every`` answers (a killed build keeps most of its work); a document whose call
     raises comes back ``failed`` with the error and is not cached.
     """
@@ -429,6 +430,8 @@ def propose_documents(docs: Sequence[tuple[str, str, str]], propose: Callable[[s
     cached = cache.get_many(hashes) if cache is not None else {}
     out: list[Outcome | None] = [Outcome("cached", tuple(cached[h])) if h in cached else None for h in hashes]
     todo = [i for i, o in enumerate(out) if o is None]
+    if progress is not None and len(todo) < len(out):
+        progress(len(out) - len(todo), True)
     first: dict[str, int] = {}
     for i in todo:  # the same content twice in a corpus: ask once
         first.setdefault(hashes[i], i)
@@ -459,7 +462,7 @@ def propose_documents(docs: Sequence[tuple[str, str, str]], propose: Callable[[s
             for i, o in zip(unique, pool.map(one, unique)):
                 out[i] = o
                 if progress is not None:
-                    progress(1)
+                    progress(1, False)
     if cache is not None and pending:
         cache.put_many(pending)
     for i in todo:

@@ -100,8 +100,10 @@ def test_cache_round_trip_and_propose_documents(tmp_path):
     assert sorted(calls) == ["a", "bad", "c"]          # the same content is asked once
     again = EnrichmentCache(str(tmp_path), "m", "v1")  # a new process sees the segments
     calls.clear()
-    out = propose_documents(docs, propose, again, concurrency=2)
+    ticks = []
+    out = propose_documents(docs, propose, again, concurrency=2, progress=lambda n, cached: ticks.append((n, cached)))
     assert calls == ["bad"] and [o.status for o in out] == ["cached", "failed", "cached", "cached"]
+    assert ticks == [(3, True), (1, False)]           # cache hits first, at once; then each call
     assert len(EnrichmentCache(str(tmp_path), "m", "v2")) == 0       # another prompt: another key
     assert again.compact() == 0                        # one segment: nothing to merge
     assert again.put_many({"h9": ["z"], "h1": ["changed?"]}) == 1   # the first answer stays
