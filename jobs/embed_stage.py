@@ -1,13 +1,20 @@
 """The dense stage of the build job: embed every document on a Ray actor pool, then FAISS.
 
     docs/shard-*.parquet --read_parquet--> map_batches(EmbedBatch, actor pool)
-        --groupby(shard)--> dense/emb-NNNN.npy + ids-NNNN.npy --build_dense_index--> ivf-NNNN.faiss
+        --stream to the driver, spilled per shard (VectorSpool)--> dense/emb-NNNN.npy + ids-NNNN.npy
+        --build_dense_index--> ivf-NNNN.faiss
 
 Actors: one per GPU with ``num_gpus=1`` where Ray sees GPUs (fp16 there); otherwise CPU
 actors at ``num_cpus=0.5`` with one torch thread each, so the read tasks always find a CPU
 (two actors at ``num_cpus=1`` on a 2-core machine starve the read stage and deadlock).
 Document embeddings are cached by (content hash, model fingerprint), so a rebuild, a
 reindex or a CI rerun re-embeds only what changed.
+
+The vectors come back to the driver as the actors produce them and are appended to one spill
+file per shard (``pipelines.vectors.VectorSpool``), so the stage holds a batch at a time and
+then one shard at a time, never the corpus (a Ray Data group-by did, in its aggregators).
+They would reach the driver's disk in the end anyway: that is where the FAISS shards are
+built and published, whether or not the workers share it.
 """
 
 from __future__ import annotations
@@ -40,39 +47,6 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
     if not gpu:
         spec.update(device="cpu", num_threads=1)
     return spec
-
-
-def _write_group_fn(dense_dir: str, counter=None, ship: bool = False):
-    """The dense stage's ``map_groups``: one shard's vectors in local-id order, written as
-    ``emb-NNNN.npy`` + ``ids-NNNN.npy``; yields rows of :mod:`funnel.jobs.worker_files`.
-
-    Without ``ship`` the files go to ``dense_dir`` (a disk the workers share with the driver);
-    with ``ship`` to a temporary folder of the worker (as ``dense/...``), then back to the
-    driver as rows.
-    """
-    import tempfile
-
-    from funnel.jobs.worker_files import result_rows
-    from funnel.pipelines.vectors import write_dense_shard
-
-    def write(batch: dict):
-        shard = int(batch["shard"][0])
-        local = np.asarray(batch["local_id"], dtype=np.int64)
-        order = np.argsort(local, kind="stable")
-        vecs = np.asarray(batch["embedding"], dtype=np.float32)[order]
-        docnos = (np.int64(shard) << 32) | local[order]
-        tmp = tempfile.mkdtemp(prefix=f"funnel-dense-{shard:04d}-") if ship else None
-        try:
-            info = write_dense_shard(os.path.join(tmp, "dense") if ship else dense_dir, shard, vecs, docnos)
-        except BaseException:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if counter is not None:
-            counter.add.remote("write vectors", shards=1)
-        yield from result_rows(shard, info, tmp)
-
-    return write
 
 
 def _counted_embed_cls():
@@ -129,15 +103,14 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     documents embedded, rate and ETA is logged every ``progress_seconds``.
     ``actor_options`` go to the actor pool's ``map_batches`` (e.g. ``max_restarts``).
     ``ship``: the workers share no disk with this process; they get the documents through the
-    object store and send the vector files back as rows (:mod:`funnel.jobs.worker_files`).
+    object store (the vectors come back to this process either way).
     ``cache_dir`` is the embedding cache on each worker's machine.
     """
     import ray
 
-    from funnel.jobs.worker_files import FileReceiver
     from funnel.pipelines.embed import make_provider
     from funnel.pipelines.progress import ProgressLog, Status
-    from funnel.pipelines.vectors import build_dense_index, write_dense_shard
+    from funnel.pipelines.vectors import VectorSpool, build_dense_index
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     spec = provider_spec(embed_model, batch_size, gpus > 0)
@@ -171,24 +144,18 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     ds = ds.select_columns(["shard", "local_id", "embedding"])
 
     def status() -> Status:
-        counts = ray.get(counter.get.remote(), timeout=10)
-        c = counts.get("embed", {})
+        c = ray.get(counter.get.remote(), timeout=10).get("embed", {})
         done, cached = c.get("docs", 0), c.get("cached", 0)
-        if n_docs is not None and done >= n_docs:  # embedded; the vectors go to their shards now
-            written = counts.get("write vectors", {}).get("shards", 0)
-            return Status("write vector shards", written, total=shards, unit="shards")
         return Status("embed", done, total=n_docs, detail=f"{cached:,} from the cache" if cached else "")
 
-    receiver = FileReceiver({"dense": dense_dir})
+    spool = VectorSpool(dense_dir, os.path.join(staging, "dense-spill"), dim, n_shards=shards)
     with ProgressLog(status, progress_seconds if counter is not None else 0, log):
-        rows = (ds.groupby("shard", num_partitions=shards)
-                .map_groups(_write_group_fn(dense_dir, counter, ship=ship), batch_format="numpy"))
-        for batch in rows.iter_batches(batch_size=None, batch_format="pyarrow"):
-            receiver.add(batch)
-    done = {int(r["shard"]) for r in receiver.finish()}
-    for s in range(shards):  # shards without documents get empty files
-        if s not in done:
-            write_dense_shard(dense_dir, s, np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            spool.add(batch["shard"], batch["local_id"], np.stack(batch["embedding"])
+                      if batch["embedding"].dtype == object else batch["embedding"])
+    log.info("embed: %s vectors; writing %d vector shards", f"{spool.count:,}", shards)
+    spool.finish()
+    shutil.rmtree(os.path.join(staging, "dense-spill"), ignore_errors=True)
     log.info("faiss: building the vector index of %d shards", shards)
     info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint

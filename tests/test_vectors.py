@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, SentenceTransformerProvider, fingerprint_key
-from funnel.pipelines.vectors import (build_dense_index, build_shard_index, choose_nlist, default_nprobe,
-                                      read_index, search_shards, train_quantizer, write_dense_shard, write_index)
+from funnel.pipelines.vectors import (VectorSpool, build_dense_index, build_shard_index, choose_nlist,
+                                      default_nprobe, read_index, search_shards, train_quantizer,
+                                      write_dense_shard, write_index)
 from funnel.serving.dense import DenseIndex, check_fingerprint
 
 ST_SPEC = {"kind": "sentence-transformers", "model": "all-MiniLM-L6-v2", "device": "cpu"}
@@ -165,6 +166,38 @@ def test_write_dense_shard_rejects_nan(tmp_path):
         write_dense_shard(str(tmp_path), 0, bad, docnos(0, 2))
     with pytest.raises(FileNotFoundError, match="write_dense_shard for shard 0"):
         build_dense_index(str(tmp_path), 1)
+
+
+def test_vector_spool_writes_each_shard_in_local_order_from_batches_in_any_order(tmp_path):
+    rng = np.random.default_rng(3)
+    n, dim = 500, 8
+    shard = rng.integers(0, 3, n)            # shard 3 of 4 gets nothing
+    local = np.zeros(n, np.int64)
+    for s in range(3):
+        local[shard == s] = rng.permutation(int((shard == s).sum()))
+    vecs = rng.standard_normal((n, dim)).astype(np.float32)
+    spool = VectorSpool(str(tmp_path / "dense"), str(tmp_path / "spill"), dim, n_shards=4)
+    for part in np.array_split(rng.permutation(n), 7):   # batches mix shards, in any order
+        spool.add(shard[part], local[part], vecs[part])
+    infos = spool.finish()
+    assert [i["count"] for i in infos] == [int((shard == s).sum()) for s in range(4)]
+    assert os.listdir(tmp_path / "spill") == []
+    for s in range(4):
+        got = np.load(tmp_path / "dense" / f"emb-{s:04d}.npy")
+        ids = np.load(tmp_path / "dense" / f"ids-{s:04d}.npy")
+        sel = np.flatnonzero(shard == s)
+        want = sel[np.argsort(local[sel])]
+        assert np.array_equal(ids, (np.int64(s) << 32) | np.arange(len(sel)))
+        assert np.array_equal(got, vecs[want].reshape(-1, dim))
+
+
+def test_vector_spool_refuses_a_vector_twice_and_bad_batches(tmp_path):
+    spool = VectorSpool(str(tmp_path / "d"), str(tmp_path / "s"), 2)
+    with pytest.raises(ValueError, match=r"expected \(n, 2\)"):
+        spool.add(np.array([0]), np.array([0]), np.zeros((1, 3), np.float32))
+    spool.add(np.array([5, 5]), np.array([0, 0]), np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="shard 5: a document's vector arrived twice"):
+        spool.finish()
 
 
 @pytest.fixture(scope="module")
