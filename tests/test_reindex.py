@@ -324,7 +324,8 @@ def test_cli_reindex(index_a, corpora, capsys):
 # -- dense: only changed and new documents are embedded ------------------------------------------
 
 
-def test_dense_reindex_embeds_only_what_changed(ray_session, demo_corpus, tmp_path):
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_dense_reindex_embeds_only_what_changed(executor, ray_session, demo_corpus, tmp_path):
     docs = _docs(demo_corpus)[:48]  # a tiny corpus: MiniLM on CPU
     folder = tmp_path / "c"
     folder.mkdir()
@@ -338,7 +339,7 @@ def test_dense_reindex_embeds_only_what_changed(ray_session, demo_corpus, tmp_pa
     b = write_jsonl(folder / "b.jsonl", rows_b)
     re_root, full_root = str(tmp_path / "re"), str(tmp_path / "full")
     build(a, re_root, shards=2, dense=True)
-    rep = reindex(re_root, b, executor="local")  # dense follows the live version
+    rep = reindex(re_root, b, executor=executor)  # dense follows the live version
     assert rep.dense == {"reused": 36, "from_cache": 0, "embedded": 4}  # 2 changed + 2 added
     m = load_manifest(_version(re_root))
     assert m["reindex"]["vectors"] == rep.dense and m["dense"]["ntotal"] == 40
