@@ -664,15 +664,18 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
     L.append("| docs | k | " + " | ".join(f"{nm} q/s" for nm in names) +
              " | funnel / bm25s numba | funnel / bm25s numba +tokenize | funnel / PISA | funnel / PISA frame |")
     L.append("|---:|---:|" + "---:|" * (len(names) + 4))
+    def ratio(q: dict, k: int, base: str) -> str:
+        return f"{q[f'funnel@{k}'] / q[f'{base}@{k}']:.2f}" if f"{base}@{k}" in q and f"funnel@{k}" in q else "–"
+
+    def qps_cells(q: dict, k: int) -> str:
+        return " | ".join(f"{q[f'{nm}@{k}']:,.0f}" if f"{nm}@{k}" in q else "–" for nm in names)
+
     for n in sizes:
         q = _get(results[n], "throughput", "qps", default={})
         for k in KS:
-            def r(base):
-                return f"{q['funnel@%d' % k] / q[f'{base}@{k}']:.2f}" if f"{base}@{k}" in q and f"funnel@{k}" in q else "–"
-            L.append(f"| {int(n):,} | {k} | " + " | ".join(f"{q[f'{nm}@{k}']:,.0f}" if f"{nm}@{k}" in q else "–"
-                                                      for nm in names) +
-                     f" | {r('bm25s numba')} | {r('bm25s numba +tokenize')} | {r('pisa')} "
-                     f"| {r('pisa (pyterrier frame)')} |")
+            L.append(f"| {int(n):,} | {k} | {qps_cells(q, k)} | {ratio(q, k, 'bm25s numba')} | "
+                     f"{ratio(q, k, 'bm25s numba +tokenize')} | {ratio(q, k, 'pisa')} "
+                     f"| {ratio(q, k, 'pisa (pyterrier frame)')} |")
     L += ["", "The same passes timed by the process's CPU time (best of the passes), which waiting for a "
           "core on the shared machine does not inflate:", "",
           "| docs | k | " + " | ".join(f"{nm} q/s (CPU)" for nm in names) + " | funnel / bm25s numba | funnel / PISA |",
@@ -680,10 +683,7 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
     for n in sizes:
         q = _get(results[n], "throughput", "qps_cpu", default={})
         for k in KS:
-            def rc(base):
-                return f"{q['funnel@%d' % k] / q[f'{base}@{k}']:.2f}" if f"{base}@{k}" in q and f"funnel@{k}" in q else "–"
-            L.append(f"| {int(n):,} | {k} | " + " | ".join(f"{q[f'{nm}@{k}']:,.0f}" if f"{nm}@{k}" in q else "–"
-                                                      for nm in names) + f" | {rc('bm25s numba')} | {rc('pisa')} |")
+            L.append(f"| {int(n):,} | {k} | {qps_cells(q, k)} | {ratio(q, k, 'bm25s numba')} | {ratio(q, k, 'pisa')} |")
     L += ["", "Serving: each system opened in a fresh process. Open = loading the index after imports "
           "(funnel: `open_index`, verify=full, memory-maps the shards; bm25s: `BM25.load`, arrays read "
           "into memory; PISA: `PisaIndex` + its retriever's context). First query = the first "
