@@ -196,6 +196,10 @@ def main(argv=None) -> int:
                     json.dump(results, f, indent=1, default=str)
     finally:
         server.terminate()
+        if shim:  # the worktree is registered in this repository's .git: remove it, not just its files
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", shim[:-len("-shim")]],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shutil.rmtree(shim, ignore_errors=True)
     command = ".venv/bin/python bench/bench_dense_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(results, a, command.strip())
     report("dense-scale", "Dense stage at scale: build memory with and without --dense "
