@@ -24,7 +24,6 @@ import os
 import shutil
 import warnings
 
-import numpy as np
 
 from funnel.pipelines.progress import DEFAULT_INTERVAL
 
@@ -151,8 +150,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     spool = VectorSpool(dense_dir, os.path.join(staging, "dense-spill"), dim, n_shards=shards)
     with ProgressLog(status, progress_seconds if counter is not None else 0, log):
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-            spool.add(batch["shard"], batch["local_id"], np.stack(batch["embedding"])
-                      if batch["embedding"].dtype == object else batch["embedding"])
+            spool.add(batch["shard"], batch["local_id"], batch["embedding"])
     log.info("embed: %s vectors; writing %d vector shards", f"{spool.count:,}", shards)
     spool.finish()
     shutil.rmtree(os.path.join(staging, "dense-spill"), ignore_errors=True)

@@ -198,8 +198,6 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
 
     import ray
 
-    import numpy as np
-
     from funnel.jobs.embed_stage import _counted_embed_cls
     from funnel.pipelines.vectors import VectorSpool
     counter = _progress_counter()
@@ -216,15 +214,13 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
                                                                        "counter": counter},
                             batch_size=batch_size, batch_format="numpy",
                             compute=ray.data.ActorPoolStrategy(size=n_actors), **res, **actor_options)
-    spool = None
+    spool = VectorSpool(out_dir, out_dir + "-spill")  # only the shards with changed documents
     for batch in ds.select_columns(["shard", "local_id", "embedding"]).iter_batches(batch_size=None,
                                                                                    batch_format="numpy"):
-        vecs = np.stack(batch["embedding"]) if batch["embedding"].dtype == object else batch["embedding"]
-        spool = spool or VectorSpool(out_dir, out_dir + "-spill", vecs.shape[1])
-        spool.add(batch["shard"], batch["local_id"], vecs)
-    if spool is not None:
+        spool.add(batch["shard"], batch["local_id"], batch["embedding"])
+    if spool.count:
         spool.finish()
-        shutil.rmtree(out_dir + "-spill", ignore_errors=True)
+    shutil.rmtree(out_dir + "-spill", ignore_errors=True)
     c = ray.get(counter.get.remote(), timeout=30).get("embed", {})
     return int(c.get("docs", 0)), int(c.get("docs", 0)) - int(c.get("cached", 0))
 

@@ -281,10 +281,12 @@ class VectorSpool:
     shard needs anyway), so memory follows the shard, not the corpus.
     """
 
-    def __init__(self, out_dir: str, spill_dir: str, dim: int, n_shards: int | None = None):
-        """``n_shards``: the index's shard count; ``finish`` then writes empty files for the
-        shards that got no vector (a build). ``None``: only the shards seen (a reindex delta)."""
-        self.out_dir, self.spill_dir, self.dim = out_dir, spill_dir, int(dim)
+    def __init__(self, out_dir: str, spill_dir: str, dim: int | None = None, n_shards: int | None = None):
+        """``dim``: the vectors' dimension (``None``: the first batch's). ``n_shards``: the
+        index's shard count; ``finish`` then writes empty files for the shards that got no
+        vector (a build). ``None``: only the shards seen (a reindex delta)."""
+        self.out_dir, self.spill_dir = out_dir, spill_dir
+        self.dim = None if dim is None else int(dim)
         self.n_shards = None if n_shards is None else int(n_shards)
         self.count = 0
         self.seen: set[int] = set()
@@ -295,9 +297,15 @@ class VectorSpool:
                 os.path.join(self.spill_dir, f"loc-{shard:04d}.i64"))
 
     def add(self, shards: np.ndarray, local_ids: np.ndarray, vectors: np.ndarray) -> None:
+        """One batch: ``vectors`` is (n, dim), or n rows of dim (Ray's numpy batches of a
+        variable-shape column come as an object array of rows)."""
         shards = np.asarray(shards, dtype=np.int64)
         local_ids = np.asarray(local_ids, dtype=np.int64)
-        vectors = np.asarray(vectors, dtype=np.float32)
+        vectors = np.asarray(vectors)
+        vectors = (np.stack(vectors) if vectors.dtype == object and len(vectors) else vectors).astype(np.float32,
+                                                                                                    copy=False)
+        if self.dim is None and vectors.ndim == 2:
+            self.dim = int(vectors.shape[1])
         if vectors.ndim != 2 or vectors.shape[1] != self.dim or not len(shards) == len(local_ids) == len(vectors):
             raise ValueError(f"vector batch of shape {vectors.shape} with {len(shards)} shard and "
                              f"{len(local_ids)} local ids; expected (n, {self.dim}) and n of each")
@@ -321,6 +329,8 @@ class VectorSpool:
         infos = []
         for s in sorted(self.seen | set(range(self.n_shards or 0))):
             vec_path, loc_path = self._spill(s)
+            if self.dim is None:
+                raise ValueError("VectorSpool.finish: no vector was added and no dim was given")
             if os.path.exists(loc_path):
                 local = np.fromfile(loc_path, dtype=np.int64)
                 vecs = np.fromfile(vec_path, dtype=np.float32).reshape(-1, self.dim)

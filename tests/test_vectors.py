@@ -191,6 +191,15 @@ def test_vector_spool_writes_each_shard_in_local_order_from_batches_in_any_order
         assert np.array_equal(got, vecs[want].reshape(-1, dim))
 
 
+def test_vector_spool_takes_rows_as_an_object_array_and_its_dim_from_the_first_batch(tmp_path):
+    spool = VectorSpool(str(tmp_path / "d"), str(tmp_path / "s"))   # a reindex delta: no dim, no shard count
+    rows = np.empty(2, dtype=object)
+    rows[0], rows[1] = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
+    spool.add(np.array([2, 2]), np.array([1, 0]), rows)
+    assert [i["shard"] for i in spool.finish()] == [2]               # only the shard seen
+    assert np.array_equal(np.load(tmp_path / "d" / "emb-0002.npy"), np.array([[4, 5, 6], [1, 2, 3]], np.float32))
+
+
 def test_vector_spool_refuses_a_vector_twice_and_bad_batches(tmp_path):
     spool = VectorSpool(str(tmp_path / "d"), str(tmp_path / "s"), 2)
     with pytest.raises(ValueError, match=r"expected \(n, 2\)"):
