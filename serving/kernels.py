@@ -597,28 +597,24 @@ if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
     def sira_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
-                   prune_min, stats, fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
+                   fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
                    use_prf, dense_rows, dense_w, dense_n, racc, rmark, out_pos, out_score, out_n, out_nexp):
         """SIRA with the prf and/or dense proposer for many queries, each exactly as
-        ``sira.mode.sira_arrays`` answers it, with the same two :func:`search_shards` calls.
+        ``sira.mode.sira_arrays`` answers it.
 
-        Per query: with ``use_prf`` the query's BM25 top ``fb_docs``; the dense neighbours come in as global rows
+        Per query: the query's terms are scored once into the accumulators (pass 1); with
+        ``use_prf`` its BM25 top ``fb_docs`` are read from them (what ``search_shards`` would
+        return for the query alone); the dense neighbours come in as global rows
         ``dense_rows[q, :dense_n[q]]`` with scores ``dense_w``; RM3 terms per source
-        (:func:`_rm3_select`; from both, a term keeps the larger weight); then one
-        ``search_shards`` over the query's terms followed by the expansion terms, each group in
-        the canonical order, the expansion weighted ``lam`` · weight · idf. So each score is
-        BM25(q) + λ·BM25(e) summed in that order, as ``search_arrays(q, k, then=e)`` sums it.
-
-        Two ways to the same numbers, chosen per query: with prf and fewer than ``prune_min``
-        postings in the query's terms (no shard could prune), the query is scored once into the
-        accumulators, its top ``fb_docs`` read from them, and the expansion added on top (its
-        postings read once); otherwise, and always without prf, the feedback ranking and the
-        final ranking are each a ``search_shards`` call, which may stop early where no other
-        document can reach the top (a large corpus: reading the query twice but pruned costs
-        less than once exhaustively). Outputs as ``search_batch``, plus the number of expansion
+        (:func:`_rm3_select`; from both, a term keeps the larger weight); then the expansion
+        terms, weighted ``lam`` · weight · idf in canonical order, are added to the same
+        accumulators (pass 2), and the top ``k`` taken. So each score is BM25(q) + λ·BM25(e)
+        summed in that order, as ``search_arrays(q, k, then=e)`` sums it, and the query's
+        postings are read once. Outputs as ``search_batch``, plus the number of expansion
         terms per query in ``out_nexp``."""
         mask = np.int64(0xFFFFFFFF)
-        mcount = np.zeros(meta.shape[0], dtype=np.int64)
+        S = meta.shape[0]
+        mcount = np.zeros(S, dtype=np.int64)
         pg = np.empty(fb_terms, dtype=np.int64)
         pw = np.empty(fb_terms)
         dg = np.empty(fb_terms, dtype=np.int64)
@@ -629,20 +625,10 @@ if HAVE_NUMBA:
             out_nexp[q] = 0
             ug, cnt = _distinct_counts(qgids[a:b])
             qg, qw = _canonical(ug, cnt, idf)
+            _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, qg, qw, mcount)
             npf = 0
-            postings = 0
-            for x in range(qg.shape[0]):
-                postings += df[qg[x]]
-            shared = use_prf and qg.shape[0] > 0 and (prune_min < 0 or postings < prune_min)
-            if shared:
-                _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, qg, qw, mcount)
             if use_prf and qg.shape[0] > 0:
-                if shared:
-                    dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, fb_docs, False)
-                else:
-                    pm = prune_min if qw.min() > 0 else -1
-                    dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, qg, qw,
-                                           fb_docs, pm, stats)
+                dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, fb_docs, False)
                 rows = np.empty(dn.shape[0], dtype=np.int64)
                 for j in range(dn.shape[0]):
                     rows[j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
@@ -674,17 +660,8 @@ if HAVE_NUMBA:
                 ew[x] = 0.0 + lam * ew[x]
             xg, xw = _canonical(eg[:ne], ew[:ne], idf)
             out_nexp[q] = ne
-            if shared:
-                _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
-                dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, k, True)
-            else:
-                gids = np.concatenate((qg, xg))
-                if gids.shape[0] == 0:
-                    continue
-                ws = np.concatenate((qw, xw))
-                pm = prune_min if ws.min() > 0 else -1
-                dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws,
-                                       k, pm, stats)
+            _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
+            dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, k, True)
             for j in range(dn.shape[0]):
                 out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
                 out_score[q, j] = sc[j]

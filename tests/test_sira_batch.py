@@ -68,29 +68,6 @@ def test_batch_equals_per_query(dense_ix, proposer, options):
         assert got == _reference(dense_ix, qs, k, opts)
 
 
-@pytest.mark.parametrize("proposer", ["prf", "union"])
-def test_pruned_batch_equals_per_query_and_unpruned(dense_ix, proposer):
-    """Where shards can prune (a large corpus; here forced with prune_min_postings 0), the
-    batch path ranks feedback and final lists with pruned search_shards calls instead of one
-    shared exhaustive pass: the same rankings and scores as the per-query path and as no
-    pruning at all."""
-    qs = _queries(FIXTURE)
-    bm = dense_ix.bm25
-    saved = bm.prune_min_postings
-    try:
-        for k in (5, 100):
-            bm.prune_min_postings = -1                       # exhaustive everywhere
-            exhaustive = dense_ix.search_batch(qs, mode="sira", k=k, proposer=proposer)
-            bm.prune_min_postings = 0                        # every shard may prune
-            before = int(bm.prune_stats[0])
-            pruned = dense_ix.search_batch(qs, mode="sira", k=k, proposer=proposer)
-            if k == 5:
-                assert int(bm.prune_stats[0]) > before       # pruning really stopped early somewhere
-            assert pruned == _reference(dense_ix, qs, k, {"proposer": proposer}) == exhaustive
-    finally:
-        bm.prune_min_postings = saved
-
-
 def test_batch_expands_at_all(dense_ix):
     """The batch path really adds expansion terms: its ranking differs from plain BM25's."""
     qs = _queries(FIXTURE)

@@ -1,9 +1,8 @@
 """SIRA's offline proposers (``prf``, ``dense``, ``union`` of the two) over a whole batch of
 queries in one compiled call (``kernels.sira_batch``): feedback retrieval, RM3 term
-selection and the weighted BM25 call per query, with no Python objects per proposal. On a
-small corpus the prf feedback ranking and the final score share the query's postings (BM25(q)
-accumulated once, λ·BM25(e) added to it); where a shard could prune, both are pruned
-``search_shards`` calls instead (``kernels.sira_batch`` says when).
+selection and the weighted BM25 call per query, with no Python objects per proposal, and
+the query's own postings read once (the prf feedback ranking and the final score share
+them: BM25(q) is accumulated first, λ·BM25(e) added to it).
 
 Each query's result is exactly what the per-query path (``mode.sira_arrays``: proposers,
 DF filter, ``search_weighted``) returns; ``tests/test_sira_batch.py`` holds the two equal on
@@ -74,7 +73,7 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
     V = len(ix.vocab)
     lam = float(cfg.lambda_for(prep.proposer))
     kernels.sira_batch(meta, proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids, k,
-                       bm.prune_min_postings, bm.prune_stats, fptr, fg, ftf, fdl, np.asarray(ix.df), short,
+                       fptr, fg, ftf, fdl, np.asarray(ix.df), short,
                        float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
                        "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
                        pos, score, cnt, nexp)
