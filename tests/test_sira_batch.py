@@ -68,6 +68,31 @@ def test_batch_equals_per_query(dense_ix, proposer, options):
         assert got == _reference(dense_ix, qs, k, opts)
 
 
+@pytest.mark.parametrize("proposer", ["prf", "union"])
+def test_batch_equals_per_query_where_the_reference_prunes(dense_ix, proposer):
+    """On a large corpus the per-query path's search_shards calls may stop early (pruning;
+    forced here with prune_min_postings 0), while the batch path scores the query and its
+    expansion exhaustively in one shared pass: both must give the same rankings and scores,
+    and so must the per-query path without pruning."""
+    qs = _queries(FIXTURE)
+    bm = dense_ix.bm25
+    saved = bm.prune_min_postings
+    try:
+        for k in (5, 100):
+            batch = dense_ix.search_batch(qs, mode="sira", k=k, proposer=proposer)
+            bm.prune_min_postings = -1                       # exhaustive
+            exhaustive = _reference(dense_ix, qs, k, {"proposer": proposer})
+            bm.prune_min_postings = 0                        # every shard may prune
+            before = int(bm.prune_stats[0])
+            pruned = _reference(dense_ix, qs, k, {"proposer": proposer})
+            if k == 5:
+                assert int(bm.prune_stats[0]) > before       # pruning really stopped early somewhere
+            bm.prune_min_postings = saved
+            assert batch == pruned == exhaustive
+    finally:
+        bm.prune_min_postings = saved
+
+
 def test_batch_expands_at_all(dense_ix):
     """The batch path really adds expansion terms: its ranking differs from plain BM25's."""
     qs = _queries(FIXTURE)
