@@ -693,7 +693,7 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
             for q in [_get(results[n], "throughput", "qps", default={})] for k in KS
             if f"funnel sira-prf@{k}" in q and f"funnel@{k}" in q]
     if sira:
-        L += ["", "SIRA with the offline prf proposer (`search_batch(mode=\"sira\", proposer=\"prf\")`, RM3 terms "
+        L += ["", "- SIRA with the offline prf proposer (`search_batch(mode=\"sira\", proposer=\"prf\")`, RM3 terms "
               "of the top BM25 documents, DF filter, one weighted BM25 call) in the same passes, as time per query "
               "against funnel's plain BM25 (the issue's target: at most 2×): "
               + "; ".join(f"{int(n):,} docs k={k}: {sq:,.0f} q/s, {bq / sq:.2f}× BM25's time"
