@@ -681,7 +681,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 from funnel.jobs.embed_stage import run_dense_stage
                 manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                                     counter=counter, progress_seconds=progress_seconds,
-                                                    actor_options=_max_restarts(ray_info), ship=ship)
+                                                    actor_options=_max_restarts(ray_info), ship=ship,
+                                                    release_ray=ray_info.get("cluster") == "local")
             else:
                 from funnel.jobs.local_engine import run_dense
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,

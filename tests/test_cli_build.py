@@ -82,6 +82,10 @@ def test_build_says_which_ray_and_records_it(built):
     assert p.returncode == 0, p.stderr[-3000:]
     assert re.search(r"ray: a new local Ray started by funnel \(RAY_ADDRESS is unset\), address \S+: "
                      r"1 node\(s\)", p.stderr)
+    # Ray is stopped once the vectors are on the driver's disk, before the FAISS stage, and the
+    # build still publishes a working dense index (test_build_logs_progress_and_says_what_it_built).
+    assert "ray: stopped the local Ray this build started" in p.stderr
+    assert p.stderr.index("ray: stopped the local Ray") < p.stderr.index("faiss: building the vector index")
     current = open(os.path.join(root, "CURRENT")).read().strip()
     manifest = json.load(open(os.path.join(root, current, "manifest.json")))
     ray_info = manifest["build"]["ray"]
