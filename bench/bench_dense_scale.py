@@ -46,7 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_scale import GIB, MIB, _failure, _tail, label, measure  # noqa: E402
+from bench_scale import GIB, MIB, label, measure_build  # noqa: E402
 from results import report  # noqa: E402
 from synth import ensure, parse_count  # noqa: E402
 
@@ -106,17 +106,11 @@ def build(corpus: str, out: str, work: str, name: str, min_avail: int, dense_url
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        m = measure(cmd, os.path.join(work, f"{name}.log"), min_avail, env=env)
+        m, vdir, man = measure_build(cmd, os.path.join(work, f"{name}.log"), min_avail, env, out, what=name)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    if m["returncode"] != 0:
-        why = _failure(m)
-        print(f"  {name} failed ({why}); log {m['log']}:\n{_tail(m['log'], 1500)}", file=sys.stderr)
-        return {**m, "failed": why}
-    with open(os.path.join(out, "CURRENT")) as f:
-        version = f.read().strip()
-    with open(os.path.join(out, version, "manifest.json")) as f:
-        man = json.load(f)
+    if vdir is None:
+        return m
     shutil.rmtree(out, ignore_errors=True)
     return {**m, "n_docs": man["corpus"]["n_docs"], "n_shards": len(man.get("shards", [])) or man.get("n_shards"),
             "dense": {k: man["dense"].get(k) for k in ("ntotal", "nlist", "factory")} if man.get("dense") else None}

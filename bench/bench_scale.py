@@ -257,18 +257,28 @@ def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: s
            "--engine", engine, "--progress-seconds", "20"] + (["--shards", str(shards)] if shards else []) \
         + (["--shard-mib", str(shard_mib)] if shard_mib else [])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    m = measure(cmd, os.path.join(work, "funnel-build.log"), min_avail, env=env)
+    m, vdir, man = measure_build(cmd, os.path.join(work, "funnel-build.log"), min_avail, env, out)
+    if vdir is None:
+        return m
+    return {**m, "build": man["build"], "stages": man["build"]["stages"], "n_docs": man["corpus"]["n_docs"],
+            "index_bytes": du(vdir), "lexical_bytes": du(os.path.join(vdir, "lexical")),
+            "docs_bytes": du(os.path.join(vdir, "docs"))}
+
+
+def measure_build(cmd: list[str], log_path: str, min_avail: int, env: dict, out: str,
+                  what: str = "funnel build") -> tuple[dict, str | None, dict | None]:
+    """Run a build command measured from outside (``measure``): (measurements, the published
+    version's folder, its manifest); on failure (measurements with "failed", None, None), the
+    log's tail printed."""
+    m = measure(cmd, log_path, min_avail, env=env)
     if m["returncode"] != 0:
         why = _failure(m)
-        print(f"  funnel build failed ({why}); log {m['log']}:\n{_tail(m['log'], 1500)}", file=sys.stderr)
-        return {**m, "failed": why}
+        print(f"  {what} failed ({why}); log {m['log']}:\n{_tail(m['log'], 1500)}", file=sys.stderr)
+        return {**m, "failed": why}, None, None
     with open(os.path.join(out, "CURRENT")) as f:
-        version = f.read().strip()
-    with open(os.path.join(out, version, "manifest.json")) as f:
-        man = json.load(f)
-    return {**m, "build": man["build"], "stages": man["build"]["stages"], "n_docs": man["corpus"]["n_docs"],
-            "index_bytes": du(os.path.join(out, version)), "lexical_bytes": du(os.path.join(out, version, "lexical")),
-            "docs_bytes": du(os.path.join(out, version, "docs"))}
+        vdir = os.path.join(out, f.read().strip())
+    with open(os.path.join(vdir, "manifest.json")) as f:
+        return m, vdir, json.load(f)
 
 
 def child_bm25s_build(args: dict) -> None:
