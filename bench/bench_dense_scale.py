@@ -1,7 +1,7 @@
 """Dense-stage scale benchmark: peak memory of ``funnel build --dense`` (Ray engine) on the
 synthetic corpora, against the same corpus built without ``--dense`` in the same run.
 
-    .venv/bin/python bench/bench_dense_scale.py [--sizes 100k,1m] [--baseline-rev REV] [--write]
+    .venv/bin/python bench/bench_dense_scale.py [--sizes 100k,1m] [--baseline-rev REV] [--write [--supplement]]
 
 Per size, each build a fresh child process measured from outside with ``bench_scale.measure``
 (wall and CPU seconds, peak RSS and PSS summed over the whole process tree: driver, raylet,
@@ -47,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_scale import GIB, MIB, label, measure_build  # noqa: E402
-from results import report  # noqa: E402
+from results import now_stamp, recorded_section, report, write_section  # noqa: E402
 from synth import ensure, parse_count  # noqa: E402
 
 DIM = 384
@@ -112,8 +112,42 @@ def build(corpus: str, out: str, work: str, name: str, min_avail: int, dense_url
     if vdir is None:
         return m
     shutil.rmtree(out, ignore_errors=True)
+    if dense_url:
+        m["stage_pss"] = stage_peaks(m)
     return {**m, "n_docs": man["corpus"]["n_docs"], "n_shards": len(man.get("shards", [])) or man.get("n_shards"),
             "dense": {k: man["dense"].get(k) for k in ("ntotal", "nlist", "factory")} if man.get("dense") else None}
+
+
+SUPPLEMENT = "### Supplementary run, separate from the table above"
+
+
+def stage_peaks(m: dict) -> dict[str, int]:
+    """Peak tree PSS (bytes) of a dense build's two last stages, placed on the memory timeline by
+    its log's timestamps: ``embed`` from "embed: N documents with" (the actors at work, Ray up)
+    to the end of embedding ("ray: stopped ..." or "embed: N vectors"), ``after`` from there to
+    the end (writing the vector shards, FAISS training and adds, publishing)."""
+    import datetime
+    marks = {}
+    with open(m["log"]) as f:
+        for line in f:
+            if " funnel.build INFO " not in line:
+                continue
+            t = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - m["started_at"]
+            if " embed: " in line and " documents with " in line:
+                marks.setdefault("embed", t)
+            elif "ray: stopped the local Ray" in line or ("INFO embed: " in line and " vectors; writing " in line):
+                marks.setdefault("after", t)
+    if "embed" not in marks or "after" not in marks:
+        return {}
+    with open(m["log"] + ".mem.tsv") as f:
+        next(f)
+        samples = [(float(t), float(pss)) for t, _, pss, *_ in (line.split("\t") for line in f)]
+    out = {}
+    for name, lo, hi in (("embed", marks["embed"], marks["after"]), ("after", marks["after"], float("inf"))):
+        inside = [pss for t, pss in samples if lo <= t < hi]
+        if inside:
+            out[name] = int(max(inside) * MIB)
+    return out
 
 
 def render(results: dict, a, command: str) -> str:
@@ -122,9 +156,12 @@ def render(results: dict, a, command: str) -> str:
              "store, among the processes mapping them); load: the 1-minute load average during the build. Embeddings: a hash model (unit Gaussian vectors seeded "
              "by each text's digest, dim 384) behind a real OpenAI-compatible HTTP server on 127.0.0.1 in "
              "another process; see the script's docstring for why. Ratio baseline: the same corpus built "
-             "without `--dense` in the same run.", "",
-             "| size | build | wall s | CPU s | load | peak RSS | peak PSS | PSS − lexical | vectors n·384·4 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "without `--dense` in the same run. Stage peaks (tree PSS, placed on the memory timeline by "
+             "the build log's timestamps): 'embedding' while the actors embed, 'shards + FAISS' from the last "
+             "vector to the end (writing the vector shards, FAISS training and adds, publishing).", "",
+             "| size | build | wall s | CPU s | load | peak RSS | peak PSS | PSS − lexical | embedding PSS | "
+             "shards + FAISS PSS | vectors n·384·4 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size, r in results.items():
         lex = r.get("lexical", {})
         for key, title in (("lexical", "lexical only (baseline)"), ("dense", "--dense (this revision)"),
@@ -133,18 +170,21 @@ def render(results: dict, a, command: str) -> str:
             if not m:
                 continue
             if m.get("failed"):
-                lines.append(f"| {size} | {title} | | | | | | failed: {m['failed']} | |")
+                lines.append(f"| {size} | {title} | | | | | | failed: {m['failed']} | | | |")
                 continue
+            sp = m.get("stage_pss") or {}
+            stages = " | ".join(f"{sp[k] / GIB:.2f} GiB" if k in sp else "" for k in ("embed", "after"))
             extra = (f"{(m['peak_tree_pss'] - lex['peak_tree_pss']) / MIB:,.0f} MiB"
                      if key != "lexical" and lex and not lex.get("failed") else "")
             vec = f"{m['n_docs'] * DIM * 4 / MIB:,.0f} MiB" if key != "lexical" else ""
             lines.append(f"| {size} | {title} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | {m['load_avg']:.1f} | "
-                         f"{m['peak_tree_rss'] / GIB:.2f} GiB | {m['peak_tree_pss'] / GIB:.2f} GiB | {extra} | {vec} |")
+                         f"{m['peak_tree_rss'] / GIB:.2f} GiB | {m['peak_tree_pss'] / GIB:.2f} GiB | {extra} | "
+                         f"{stages} | {vec} |")
         d, b = r.get("dense"), r.get("dense_baseline")
         if d and b and not d.get("failed") and not b.get("failed"):
             lines.append(f"| {size} | ratio this / {a.baseline_rev} | {d['wall_s'] / b['wall_s']:.2f}× | "
                          f"{d['cpu_s'] / b['cpu_s']:.2f}× | | {d['peak_tree_rss'] / b['peak_tree_rss']:.2f}× | "
-                         f"{d['peak_tree_pss'] / b['peak_tree_pss']:.2f}× | | |")
+                         f"{d['peak_tree_pss'] / b['peak_tree_pss']:.2f}× | | | | |")
     return "\n".join(lines + [""])
 
 
@@ -158,6 +198,9 @@ def main(argv=None) -> int:
     p.add_argument("--synth", default=os.path.join(".funnel", "synth"), help="synthetic corpus cache")
     p.add_argument("--work", default=os.path.join(".funnel", "dense-scale"), help="logs and temporary indexes")
     p.add_argument("--write", action="store_true", help="record the 'dense-scale' section of bench/RESULTS.md")
+    p.add_argument("--supplement", action="store_true",
+                   help="with --write: keep the recorded run's table and add this run below it, as a "
+                        "supplementary run (replacing an earlier supplement)")
     a = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     work = os.path.abspath(a.work)
@@ -196,8 +239,17 @@ def main(argv=None) -> int:
             shutil.rmtree(shim, ignore_errors=True)
     command = ".venv/bin/python bench/bench_dense_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(results, a, command.strip())
-    report("dense-scale", "Dense stage at scale: build memory with and without --dense "
-           "(bench/bench_dense_scale.py)", text, a.write)
+    title = "Dense stage at scale: build memory with and without --dense (bench/bench_dense_scale.py)"
+    recorded = recorded_section("dense-scale") if a.supplement else None
+    if recorded is None:
+        report("dense-scale", title, text, a.write)
+        return 0
+    stamp, body = recorded
+    body = body.split(SUPPLEMENT, 1)[0].rstrip("\n")
+    print("\n" + text)
+    if a.write:
+        write_section("dense-scale", title, f"{body}\n\n{SUPPLEMENT}\n\n_measured {now_stamp()}_\n\n{text}", stamp)
+        print("\nadded this run to the 'dense-scale' section of bench/RESULTS.md as its supplementary run")
     return 0
 
 

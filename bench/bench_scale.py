@@ -139,6 +139,7 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
     aborted = None
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
+        started_at = time.time()  # the timeline's t=0 as an epoch, to place the command's log lines on it
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         status = rusage = None
         while True:
@@ -189,7 +190,7 @@ def measure(cmd: list[str], log_path: str, min_avail: int, interval: float = 0.2
             "peak_driver_rss": peak_rss.get(proc.pid, 0) if others else max(peak_rss.get(proc.pid, 0),
                                                                              rusage.ru_maxrss * 1024),
             "peak_other_rss": max(others, default=0), "n_processes": len(peak_rss),
-            "returncode": proc.returncode, "aborted": aborted, "log": log_path,
+            "returncode": proc.returncode, "aborted": aborted, "log": log_path, "started_at": started_at,
             "last_available": timeline[-1][4] if timeline else None}
 
 

@@ -36,15 +36,27 @@ def dataset_dir(data: str, name: str) -> str:
     return path
 
 
-def render_section(name: str, title: str, body: str) -> str:
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+def now_stamp() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+
+
+def render_section(name: str, title: str, body: str, stamp: str | None = None) -> str:
+    stamp = stamp or now_stamp()
     return f"<!-- {name}:start -->\n## {title}\n\n_measured {stamp}_\n\n{body}\n<!-- {name}:end -->"
 
 
-def write_section(name: str, title: str, body: str) -> None:
+def recorded_section(name: str) -> tuple[str, str] | None:
+    """(measured stamp, body) of the ``name`` section recorded in RESULTS.md, or None."""
+    text = open(RESULTS).read() if os.path.exists(RESULTS) else ""
+    m = re.search(rf"<!-- {re.escape(name)}:start -->\n## [^\n]*\n\n_measured ([^\n]*)_\n\n(.*?)\n"
+                  rf"<!-- {re.escape(name)}:end -->", text, re.S)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def write_section(name: str, title: str, body: str, stamp: str | None = None) -> None:
     """Replace (or append) the ``<!-- name:start -->`` ... ``<!-- name:end -->`` block of RESULTS.md."""
     text = open(RESULTS).read() if os.path.exists(RESULTS) else HEADER
-    block = render_section(name, title, body)
+    block = render_section(name, title, body, stamp)
     pat = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
     text = pat.sub(lambda _: block, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
     with open(RESULTS + ".tmp", "w") as f:

@@ -104,10 +104,10 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     ``ship``: the workers share no disk with this process; they get the documents through the
     object store (the vectors come back to this process either way).
     ``cache_dir`` is the embedding cache on each worker's machine.
-    ``release_ray``: stop Ray once every vector is on this process's disk, before the FAISS
-    stage; for a local Ray that funnel started for this build and nothing else uses. Its
-    idle workers, spill workers and object store otherwise hold their memory (~3 GB at 1M
-    documents) until the process exits, on top of the FAISS stage's own peak.
+    ``release_ray``: stop Ray once every vector is on this process's disk, before the vector
+    shards are written and the FAISS stage; for a local Ray that funnel started for this build
+    and nothing else uses. Its idle workers, spill workers and object store otherwise hold
+    their memory (~3 GB at 1M documents) until the process exits, on top of those stages' own.
     """
     import ray
 
@@ -155,13 +155,13 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     with ProgressLog(status, progress_seconds if counter is not None else 0, log):
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             spool.add(batch["shard"], batch["local_id"], batch["embedding"])
+    if release_ray:  # every vector is in the spill files on this process's disk
+        ray.shutdown()
+        log.info("ray: stopped the local Ray this build started (nothing left to run on it); "
+                 "its workers' memory is free for the vector shards and the FAISS stage")
     log.info("embed: %s vectors; writing %d vector shards", f"{spool.count:,}", shards)
     spool.finish()
     shutil.rmtree(os.path.join(staging, "dense-spill"), ignore_errors=True)
-    if release_ray:
-        ray.shutdown()
-        log.info("ray: stopped the local Ray this build started (nothing left to run on it); "
-                 "its workers' memory is free for the FAISS stage")
     log.info("faiss: building the vector index of %d shards", shards)
     info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
