@@ -33,6 +33,7 @@ the lexical build's, and the corpus's raw vector bytes (n · 384 · 4) to compar
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import multiprocessing as mp
@@ -126,7 +127,6 @@ def stage_peaks(m: dict) -> dict[str, int]:
     its log's timestamps: ``embed`` from "embed: N documents with" (the actors at work, Ray up)
     to the end of embedding ("ray: stopped ..." or "embed: N vectors"), ``after`` from there to
     the end (writing the vector shards, FAISS training and adds, publishing)."""
-    import datetime
     marks = {}
     with open(m["log"]) as f:
         for line in f:
