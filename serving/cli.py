@@ -309,15 +309,15 @@ def cmd_search(a) -> int:
     ix = _searcher(a.index, a)
     opts = _search_options(a)
     if a.queries:
-        from funnel.evaluation.trec import read_queries, run_as_written, write_run
+        from funnel.evaluation.trec import ANSERINI_MODES, read_queries, write_run_rows
         queries = read_queries(a.queries)
         errors: dict[str, str] = {}
-        run = ix.search_batch(queries, mode=a.mode, k=a.k, remove_query=a.remove_query, errors=errors, **opts)
+        rows = ix.search_batch_rows(queries, mode=a.mode, k=a.k, remove_query=a.remove_query, errors=errors,
+                                    **opts)
         # BM25 runs are written the way Anserini writes them (scores to 4 decimals, ties apart
         # by docid ascending), so trec_eval on this file prints the published figures.
-        write_run(a.run, run_as_written({q: dict(hits) for q, hits in run.items()}, a.mode),
-                  tag=f"funnel-{a.mode}")
-        print(f"wrote {a.run}: {len(run)} queries, mode {a.mode}, k {a.k}"
+        n = write_run_rows(a.run, rows, tag=f"funnel-{a.mode}", tiebreak=a.mode in ANSERINI_MODES)
+        print(f"wrote {a.run}: {n} queries, mode {a.mode}, k {a.k}"
               f"{', self-hits removed' if a.remove_query else ''}")
         if errors:
             print(f"skipped {len(errors)} of {len(queries)} queries:", file=sys.stderr)

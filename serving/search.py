@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import regex
 
@@ -22,6 +22,9 @@ from .bm25 import BM25Params
 from .index import IndexVersion, VersionFollower
 from .lexical import BM25Retriever, Scored
 from .result import Hit, SearchResult, summarize
+
+if TYPE_CHECKING:
+    from funnel.evaluation.trec import RunRows
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +188,7 @@ class VersionSearcher:
 
     def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
                      remove_query: bool = False, errors: dict[str, str] | None = None,
+                     _sink: "_DictSink | _RowsSink | None" = None,
                      **options) -> dict[str, list[tuple[str, float]]]:
         """Answer many queries for a run file; no explanations or snippets.
 
@@ -233,17 +237,18 @@ class VersionSearcher:
                 hits = [h for h in hits if h[0] != qid]
             return hits[:k]
 
-        out = {}
+        out = _sink if _sink is not None else _DictSink(self)
         if mode == "bm25":  # the hot path of evaluation and benchmarks: arrays end to end
-            return self._bm25_batch(queries, depth, k, self._bm25_params(dict(options)), checked,
-                                    remove_query)
+            self._bm25_batch(queries, depth, k, self._bm25_params(dict(options)), checked, remove_query, out)
+            return out.result()
         run_mode = self.modes()[mode]
         if mode == "sira":
             from .sira import prepare, sira_arrays
             from .sira.batch import batch_available
             sira = prepare(self, options)
             if batch_available(self, sira):  # prf / dense / their union: one compiled call
-                return self._sira_batch(queries, depth, k, sira, checked, remove_query)
+                self._sira_batch(queries, depth, k, sira, checked, remove_query, out)
+                return out.result()
         items = list(queries.items())
         for start in range(0, len(items), 256):
             chunk = [(qid, q) for qid, q in ((qid, checked(qid, q)) for qid, q in items[start:start + 256])
@@ -257,20 +262,30 @@ class VersionSearcher:
             for qid, q in chunk:
                 if mode == "sira":  # arrays end to end, as bm25: no trace, no explanations
                     dn, sc = sira_arrays(self, q, depth, sira)
-                    out[qid] = finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist())))
+                    out.hits(qid, finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist()))))
                     continue
                 scored = run_mode(q, depth, options)[0]
-                out[qid] = finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored])
-        return out
+                out.hits(qid, finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored]))
+        return out.result()
+
+    def search_batch_rows(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
+                          remove_query: bool = False, errors: dict[str, str] | None = None,
+                          **options) -> list["RunRows"]:
+        """:meth:`search_batch`'s answers as arrays, for writing a run file
+        (``evaluation.trec.write_run_rows``): a list of ``RunRows`` (qids, doc ids [n, k],
+        scores [n, k], counts [n]) in query order, the same hits as :meth:`search_batch`.
+        The bm25 and compiled sira paths hand over their result arrays as they are, with
+        no Python object per hit but the doc id itself."""
+        sink = _RowsSink(self)
+        self.search_batch(queries, mode, k, remove_query=remove_query, errors=errors, _sink=sink, **options)
+        return sink.result()
 
     def _sira_batch(self, queries: Mapping[str, str], depth: int, k: int, prep,
-                    checked: Callable[[str, Any], str | None], remove_query: bool
-                    ) -> dict[str, list[tuple[str, float]]]:
+                    checked: Callable[[str, Any], str | None], remove_query: bool, out) -> None:
         """search_batch's sira path for the offline proposers (``sira.batch``): as the bm25
         path, each chunk in one compiled call, the dense proposer's queries embedded first."""
         from .sira.batch import search_texts
         qids, texts = self._valid_texts(queries, checked)
-        out: dict = {}
         step = max(1, BATCH_CELLS // depth)
         if "dense" in prep.sources:  # query vectors embedded a chunk at a time
             step = min(step, 256)
@@ -279,8 +294,7 @@ class VersionSearcher:
             if "dense" in prep.sources:
                 from .hybrid import prefill_query_vectors
                 prefill_query_vectors(self, chunk)
-            self._emit(qids[start:start + step], search_texts(self, chunk, depth, prep), k, remove_query, out)
-        return out
+            out.arrays(qids[start:start + step], search_texts(self, chunk, depth, prep), k, remove_query)
 
     def _valid_texts(self, queries: Mapping[str, str], checked: Callable[[str, Any], str | None]
                      ) -> tuple[list[str], list[str]]:
@@ -296,40 +310,14 @@ class VersionSearcher:
         return qids, texts
 
     def _bm25_batch(self, queries: Mapping[str, str], depth: int, k: int, params: BM25Params,
-                    checked: Callable[[str, Any], str | None], remove_query: bool
-                    ) -> dict[str, list[tuple[str, float]]]:
+                    checked: Callable[[str, Any], str | None], remove_query: bool, out) -> None:
         """search_batch's bm25 path: every valid query scored in one compiled call
         (``BM25Retriever.search_texts``), doc ids taken in one vectorized step."""
         qids, texts = self._valid_texts(queries, checked)
-        out = {}
         step = max(1, BATCH_CELLS // depth)  # result arrays of at most ~32 MB per compiled call
         for start in range(0, len(texts), step):
-            self._bm25_chunk(qids[start:start + step], texts[start:start + step], depth, k, params,
-                             remove_query, out)
-        return out
-
-    def _bm25_chunk(self, qids: list[str], texts: list[str], depth: int, k: int, params: BM25Params,
-                    remove_query: bool, out: dict) -> None:
-        self._emit(qids, self.bm25.search_texts(texts, depth, params), k, remove_query, out)
-
-    def _emit(self, qids: list[str], found: tuple, k: int, remove_query: bool, out: dict) -> None:
-        """``out[qid] = [(doc_id, score), ...]`` from a batch's (positions, scores, counts)."""
-        pos, score, cnt = found
-        # Up to k · len(queries) tuples: the cyclic GC would rescan the young ones many times
-        # over while they are built (nothing here makes a cycle), so it waits until the end.
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
-            ids = self.bm25.doc_ids_at(pos).tolist()
-            scores = score.tolist()
-            for qid, n, row_ids, row_sc in zip(qids, cnt.tolist(), ids, scores):
-                hits = list(zip(row_ids[:n], row_sc[:n]))
-                if remove_query:
-                    hits = [h for h in hits if h[0] != qid][:k]
-                out[qid] = hits
-        finally:
-            if gc_was_on:
-                gc.enable()
+            out.arrays(qids[start:start + step], self.bm25.search_texts(texts[start:start + step], depth, params),
+                       k, remove_query)
 
     def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
         hits = []
@@ -431,3 +419,84 @@ class VersionSearcher:
 def open_index(root: str, **kwargs) -> Searcher:
     """Open the CURRENT version of ``root`` (see :class:`Searcher`)."""
     return Searcher(root, **kwargs)
+
+
+class _DictSink:
+    """search_batch's result as ``{qid: [(doc_id, score), ...]}``."""
+
+    def __init__(self, searcher: Searcher):
+        self.searcher = searcher
+        self.out: dict[str, list[tuple[str, float]]] = {}
+
+    def arrays(self, qids: list[str], found: tuple, k: int, remove_query: bool) -> None:
+        """One batch's (positions, scores, counts), ``depth`` wide (k + 1 with remove_query)."""
+        pos, score, cnt = found
+        # Up to k · len(queries) tuples: the cyclic GC would rescan the young ones many times
+        # over while they are built (nothing here makes a cycle), so it waits until the end.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            ids = self.searcher.bm25.doc_ids_at(pos).tolist()
+            scores = score.tolist()
+            for qid, n, row_ids, row_sc in zip(qids, cnt.tolist(), ids, scores):
+                hits = list(zip(row_ids[:n], row_sc[:n]))
+                if remove_query:
+                    hits = [h for h in hits if h[0] != qid][:k]
+                self.out[qid] = hits
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    def hits(self, qid: str, hits: list[tuple[str, float]]) -> None:
+        self.out[qid] = hits
+
+    def result(self) -> dict[str, list[tuple[str, float]]]:
+        return self.out
+
+
+class _RowsSink:
+    """search_batch's result as ``RunRows`` parts (``search_batch_rows``)."""
+
+    def __init__(self, searcher: Searcher):
+        self.searcher = searcher
+        self.parts: list = []
+        self.pending: dict[str, list[tuple[str, float]]] = {}
+
+    def arrays(self, qids: list[str], found: tuple, k: int, remove_query: bool) -> None:
+        import numpy as np
+        from funnel.evaluation.trec import RunRows
+        self._flush()
+        pos, score, cnt = found
+        ids = self.searcher.bm25.doc_ids_at(pos)
+        if remove_query and len(qids):
+            # The query's own document, where retrieved, leaves its row; the rest move up.
+            live = np.arange(ids.shape[1])[None, :] < cnt[:, None]
+            hit = np.asarray(ids == np.asarray(qids, dtype=object)[:, None], dtype=bool) & live
+            if hit.any():
+                order = np.argsort(hit, axis=1, kind="stable")
+                ids = np.take_along_axis(ids, order, axis=1)
+                score = np.take_along_axis(score, order, axis=1)
+                cnt = cnt - hit.sum(axis=1)
+        self.parts.append(RunRows(list(qids), ids[:, :k], score[:, :k], np.minimum(cnt, k)))
+
+    def hits(self, qid: str, hits: list[tuple[str, float]]) -> None:
+        self.pending[qid] = hits
+
+    def _flush(self) -> None:
+        if self.pending:
+            import numpy as np
+            from funnel.evaluation.trec import RunRows
+            width = max(map(len, self.pending.values()))
+            ids = np.full((len(self.pending), width), None, dtype=object)
+            scores = np.zeros((len(self.pending), width))
+            for i, hits in enumerate(self.pending.values()):
+                for j, (d, s) in enumerate(hits):
+                    ids[i, j] = d
+                    scores[i, j] = s
+            self.parts.append(RunRows(list(self.pending), ids, scores,
+                                      np.asarray([len(h) for h in self.pending.values()], dtype=np.int64)))
+            self.pending = {}
+
+    def result(self) -> list:
+        self._flush()
+        return self.parts
