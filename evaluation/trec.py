@@ -278,9 +278,9 @@ def _sort_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> None:
         bad[r, c] |= np.asarray(ids[r, c] > ids[r, c + 1], dtype=bool)
     for i in np.flatnonzero(bad.any(axis=1)).tolist():
         n = int(valid[i].sum())
-        pairs = sorted(zip(scores[i, :n].tolist(), ids[i, :n].tolist()), key=lambda sd: (-sd[0], sd[1]))
-        scores[i, :n] = [s for s, _ in pairs]
-        ids[i, :n] = [d for _, d in pairs]
+        pairs = sorted(zip(ids[i, :n].tolist(), scores[i, :n].tolist()), key=_run_order)
+        ids[i, :n] = [d for d, _ in pairs]
+        scores[i, :n] = [s for _, s in pairs]
 
 
 def _tiebreak_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
