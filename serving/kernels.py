@@ -19,6 +19,16 @@ candidate is dropped as soon as its partial score plus the remaining bounds fall
 exhaustive scoring, so the pruned scores are bit-identical to exhaustive ones; bounds are
 inflated by 1e-9 relative so rounding can never prune a document that would tie.
 
+With the default (k1, b) a shard that prunes uses exact block maxima instead
+(``block_maxima``: each run of 64 postings' largest impact, computed once per opened
+index; ``_score_shard_blocks``): a block whose maximum plus the later terms' bounds stays
+below ``theta`` brings in no new document, so only the candidates inside it are looked
+up. That prunes a common term whose largest impact is above ``theta`` but most of whose
+blocks are below it, which per-term bounds cannot (a rare term next to a very common one,
+at k=100). ``theta`` also starts from the block maxima: a term's k-th largest block
+maximum is a lower bound on the k-th score. Per-query (k1, b) overrides keep the per-term
+bounds, so they allocate nothing proportional to the index.
+
 The k best are kept in one size-k heap ordered by the ranking itself (score, then
 ``id_rank``), shared by all shards, so no per-shard candidate lists are merged. The
 exhaustive loop indexes with unsigned integers: numba then emits no negative-index
@@ -69,6 +79,34 @@ def shard_table(shards: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[n
             meta[s, 2 * f] = a.ctypes.data
             meta[s, 2 * f + 1] = len(a)
     return meta, keep
+
+
+# Postings per block for the block-max bounds (``block_maxima``): PISA's and Lucene's size order.
+BLOCK = 64
+# The ranks k of each term's k-th largest block maximum kept for ``_theta_from_blocks``.
+KTH_BLOCKS = np.array([10, 100, 1000], dtype=np.int64)
+
+
+def block_table(blocks: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(bmeta, keep): the int64 [S, 8] (address, length) table of each shard's
+    (``bstart``, ``bmax``, ``tmax``, ``tkth``) from :func:`block_maxima`, for
+    ``search_shards``; ``keep`` holds the arrays it points into, which the caller keeps
+    referenced."""
+    bmeta = np.zeros((len(blocks), 8), dtype=np.int64)
+    keep = []
+    for s, arrays in enumerate(blocks):
+        for f, (a, dt) in enumerate(zip(arrays, (np.int64, np.float64, np.float64, np.float64))):
+            a = np.ascontiguousarray(a, dtype=dt)
+            if len(a) == 0:
+                a = np.zeros(1, dtype=dt)[:0]
+            keep.append(a)
+            bmeta[s, 2 * f] = a.ctypes.data
+            bmeta[s, 2 * f + 1] = len(a)
+    return bmeta, keep
+
+
+#: ``bmeta`` without block maxima: pruning uses per-term bounds only.
+NO_BLOCKS = np.zeros((0, 8), dtype=np.int64)
 
 
 if HAVE_NUMBA:
@@ -324,6 +362,222 @@ if HAVE_NUMBA:
             acc[touched[j]] = 0.0
         return nh
 
+    @njit(cache=True, nogil=True)
+    def block_maxima(indptr, docs, tfs, code, table, itab, block):
+        """Per term of one shard, the largest impact ``tf / (tf + table[code])`` in each run of
+        ``block`` postings: (``bstart`` [V + 1]: term t's blocks are ``bmax[bstart[t]:bstart[t + 1]]``;
+        ``bmax``; ``tmax`` [V]: the term's largest; ``tkth`` [V · len(KTH_BLOCKS)]: its
+        ``KTH_BLOCKS[j]``-th largest block maximum at ``t · len(KTH_BLOCKS) + j``, 0 with
+        fewer blocks). Exact for this (k1, b): a block's bound is the impact of one of its
+        postings. (Bounding by the block's largest tf and shortest document instead bounds
+        nothing on a common term: every block has some long tf.)"""
+        V = indptr.shape[0] - 1
+        cap = itab.shape[0] // table.shape[0]
+        bstart = np.empty(V + 1, dtype=np.int64)
+        bstart[0] = 0
+        for t in range(V):
+            bstart[t + 1] = bstart[t] + (indptr[t + 1] - indptr[t] + block - 1) // block
+        bmax = np.zeros(bstart[V])
+        tmax = np.zeros(V)
+        nk = KTH_BLOCKS.shape[0]
+        tkth = np.zeros(V * nk)
+        for t in range(V):
+            p, e = indptr[t], indptr[t + 1]
+            b = bstart[t]
+            tm = 0.0
+            while p < e:
+                q = min(p + block, e)
+                m = 0.0
+                for x in range(p, q):
+                    v = _impact(tfs[x], code[docs[x]], table, itab, cap)
+                    if v > m:
+                        m = v
+                bmax[b] = m
+                tm = max(tm, m)
+                b += 1
+                p = q
+            tmax[t] = tm
+            nb = bstart[t + 1] - bstart[t]
+            if nb >= KTH_BLOCKS[0]:
+                srt = np.sort(bmax[bstart[t]:bstart[t + 1]])
+                for j in range(nk):
+                    if nb >= KTH_BLOCKS[j]:
+                        tkth[t * nk + j] = srt[nb - KTH_BLOCKS[j]]
+        return bstart, bmax, tmax, tkth
+
+    @njit(cache=True, nogil=True)
+    def _score_shard_blocks(indptr, docs, tfs, code, table, itab, cap, bstart, bmax, tmax, block, local,
+                            weights, acc, touched, rank, base, hv, hr, hd, nh, theta, eager, stats):
+        """``_score_shard`` with exact block maxima (``block_maxima``): term-at-a-time in the
+        canonical order, but once ``theta`` (a lower bound on the final k-th score) is known,
+        a block of a term whose maximum plus the bounds of the terms after it stays below
+        ``theta`` cannot bring in a new document: only the candidates already seen that fall
+        inside it are looked up (galloping), and the block's other postings are never read.
+        Blocks that can bring in documents are read whole. Candidates are kept sorted by
+        document from the first term that has such blocks on, and dropped once their
+        partial score plus the bounds left cannot reach ``theta``.
+
+        A document in the final top k is never skipped (its score would be below ``theta``)
+        and gets every term added in the canonical order, so its score has term-at-a-time's
+        bits. A document first met in a readable block after being skipped in an earlier
+        block misses that term's part; its true score is below ``theta`` already, so it
+        cannot reach the top k either way. ``eager`` prunes wherever the bounds allow (tests);
+        otherwise the candidates go sorted only where that costs less than the postings it
+        saves. Returns (heap count, theta)."""
+        k = hv.shape[0]
+        T = local.shape[0]
+        rest = np.zeros(T + 1)  # rest[i]: inflated sum of the bounds of terms i..
+        remaining = np.zeros(T + 1, dtype=np.int64)
+        for i in range(T - 1, -1, -1):
+            li = local[i]
+            ub = 0.0
+            if li >= 0:
+                ub = weights[i] * tmax[li]
+                remaining[i] = remaining[i + 1] + indptr[li + 1] - indptr[li]
+            else:
+                remaining[i] = remaining[i + 1]
+            rest[i] = rest[i + 1] + ub * (1.0 + 1e-9) + 1e-12
+        m = 0  # documents with a score in acc (touched[:m]), for the reset
+        sorted_mode = False
+        cand = np.empty(0, dtype=np.int64)
+        c = 0
+        skipped = 0
+        for i in range(T):
+            li = local[i]
+            if li < 0:
+                continue
+            w = weights[i]
+            a0, e0 = indptr[li], indptr[li + 1]
+            b0 = bstart[li]
+            nb = bstart[li + 1] - b0
+            need = theta - rest[i + 1]  # a new document needs w * impact (inflated) >= need
+            if not sorted_mode and theta > 0.0:
+                n_pass = 0  # postings in blocks that can bring in documents
+                for blk in range(nb):
+                    if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 >= need:
+                        n_pass += min(block, e0 - a0 - blk * block)
+                saved = (e0 - a0) - n_pass  # postings never read if the candidates go sorted
+                if saved > 0 and (eager or saved > m):
+                    buf = np.empty(m, dtype=np.int64)  # the documents so far that can still reach theta
+                    r = rest[i]
+                    nc = 0
+                    for j in range(m):
+                        d = touched[j]
+                        if acc[d] + r >= theta:
+                            buf[nc] = d
+                            nc += 1
+                    if eager or nc * np.log2(nc + 2) <= saved:
+                        sorted_mode = True
+                        c = nc
+                        cand = np.sort(buf[:c])
+            if not sorted_mode:
+                for p in range(a0, e0):
+                    d = docs[p]
+                    v = w * _impact(tfs[p], code[d], table, itab, cap)
+                    a = acc[d]
+                    touched[m] = d  # branch-free: kept only when d was not seen before
+                    m += a == 0.0
+                    acc[d] = a + v
+                if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m):
+                    theta = max(theta, _kth_of(acc, touched, m, k))  # partial scores: lower bounds
+                continue
+            # Sorted candidates: readable blocks whole; between them, only where a candidate is.
+            readable = np.empty(nb, dtype=np.int64)
+            nr = 0
+            for blk in range(nb):
+                if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 >= need:
+                    readable[nr] = blk
+                    nr += 1
+            new = np.empty(nr * block, dtype=np.int64)
+            nn = 0
+            j = 0
+            p = a0  # galloping cursor
+            for x in range(nr + 1):
+                if x < nr:
+                    p0 = a0 + readable[x] * block
+                    p1 = min(p0 + block, e0)
+                    first = docs[p0]
+                else:
+                    p0 = e0
+                    p1 = e0
+                    first = np.iinfo(np.int32).max
+                skipped += p0 - p
+                while j < c and cand[j] < first:  # candidates in the unread stretch [p, p0)
+                    d = cand[j]
+                    p = _gallop(docs, p, p0, d)
+                    if p < p0 and docs[p] == d:
+                        acc[d] += w * _impact(tfs[p], code[d], table, itab, cap)
+                    j += 1
+                if x == nr:
+                    break
+                for q in range(p0, p1):
+                    d = docs[q]
+                    v = w * _impact(tfs[q], code[d], table, itab, cap)
+                    a = acc[d]
+                    if a == 0.0:
+                        new[nn] = d
+                        nn += 1
+                        touched[m] = d
+                        m += 1
+                    acc[d] = a + v
+                last = docs[p1 - 1]
+                while j < c and cand[j] <= last:
+                    j += 1
+                p = p1
+            if nn > 0:  # merge the new documents (in doc order, none a candidate) into cand
+                merged = np.empty(c + nn, dtype=np.int64)
+                x = 0
+                y = 0
+                for z in range(c + nn):
+                    if y >= nn or (x < c and cand[x] < new[y]):
+                        merged[z] = cand[x]
+                        x += 1
+                    else:
+                        merged[z] = new[y]
+                        y += 1
+                cand = merged
+                c += nn
+            if c >= k:
+                theta = max(theta, _kth_of(acc, cand, c, k))
+            r = rest[i + 1]
+            n = 0
+            for j in range(c):
+                d = cand[j]
+                if acc[d] + r >= theta:
+                    cand[n] = d
+                    n += 1
+            c = n
+        if sorted_mode:
+            stats[0] += 1
+            stats[1] += skipped
+            nh = _push_scores(acc, cand, c, rank, base, hv, hr, hd, nh, False)
+        else:
+            nh = _push_scores(acc, touched, m, rank, base, hv, hr, hd, nh, False)
+        for j in range(m):
+            acc[touched[j]] = 0.0
+        return nh, theta
+
+    @njit(cache=True, nogil=True)
+    def _theta_from_blocks(tkth, local, weights, k):
+        """A lower bound on the k-th best final score before any posting is read: the largest
+        ``weight · (k'-th largest block maximum)`` of a query term in this shard, k' the
+        smallest of ``KTH_BLOCKS`` >= k. Each block maximum is one document's exact
+        contribution, distinct blocks of a term are distinct documents, and a document's
+        score is at least any one of its contributions (positive weights, sums of positive
+        floats): so at least k' >= k documents score that much."""
+        nk = KTH_BLOCKS.shape[0]
+        j = 0
+        while j < nk and KTH_BLOCKS[j] < k:
+            j += 1
+        best = 0.0
+        if j == nk:
+            return best
+        for i in range(local.shape[0]):
+            li = local[i]
+            if li >= 0:
+                best = max(best, weights[i] * tkth[li * nk + j])
+        return best * (1.0 - 1e-9)
+
     @intrinsic
     def _voidptr(typingctx, addr):
         """An int64 address as a void pointer (for ``carray`` over arrays the caller keeps alive)."""
@@ -345,7 +599,7 @@ if HAVE_NUMBA:
         return found
 
     @njit(cache=True, nogil=True)
-    def search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k,
+    def search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k,
                       prune_min, stats):
         """Top ``k`` over all shards: (docnos ``shard << 32 | local``, scores), best first,
         ties by ``id_rank`` ascending.
@@ -364,7 +618,9 @@ if HAVE_NUMBA:
         there (every weight must then be positive); -1 scores exhaustively.
         ``stats`` (int64, 2) counts the shards where pruning stopped adding new documents
         and the postings of the terms left to candidates there (racy counters, for tests
-        and benchmarks).
+        and benchmarks). ``bmeta`` (``block_table``; ``NO_BLOCKS`` for none) holds each
+        shard's block maxima: where given, pruning shards use ``_score_shard_blocks``
+        (``prune_min == 0`` makes it prune wherever the bounds allow, for tests).
         """
         S = meta.shape[0]
         cap = itab.shape[0] // table.shape[0]
@@ -374,10 +630,28 @@ if HAVE_NUMBA:
         hd = np.empty(k, dtype=np.int64)
         n = 0
         theta = 0.0
+        blocks = bmeta.shape[0] > 0 and prune_min >= 0
         for s in range(S):
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
+            if blocks:
+                indptr = _view(meta, s, 0, np.int64)
+                post = 0
+                for i in range(local.shape[0]):
+                    if local[i] >= 0:
+                        post += indptr[local[i] + 1] - indptr[local[i]]
+                if post >= prune_min:
+                    theta = max(theta, _theta_from_blocks(_view(bmeta, s, 3, np.float64), local, weights, k))
+                    n, theta = _score_shard_blocks(
+                        indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
+                        _view(meta, s, 5, code_proto.dtype), table, itab, cap,
+                        _view(bmeta, s, 0, np.int64), _view(bmeta, s, 1, np.float64), _view(bmeta, s, 2, np.float64),
+                        BLOCK, local, weights, acc[lo:hi], touched[lo:hi + 1], id_rank[lo:hi], np.int64(s) << 32,
+                        hv, hr, hd, n, theta, prune_min == 0, stats)
+                    if n == k:
+                        theta = max(theta, hv[0])
+                    continue
             n = _score_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
                              _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype),
                              _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
@@ -395,7 +669,7 @@ if HAVE_NUMBA:
         return _canonical(ug, cnt, idf)
 
     @njit(cache=True, nogil=True)
-    def search_batch(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
+    def search_batch(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
                      prune_min, stats, out_pos, out_score, out_n):
         """Many queries in one call, each exactly as ``search_shards`` answers it.
 
@@ -411,7 +685,7 @@ if HAVE_NUMBA:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
             pm = prune_min if ws.min() > 0 else -1
-            dn, sc = search_shards(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
+            dn, sc = search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
                                    pm, stats)
             for j in range(dn.shape[0]):
                 out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & 0xFFFFFFFF)
@@ -670,4 +944,5 @@ else:
     search_shards = None
     search_batch = None
     term_bounds = None
+    block_maxima = None
     sira_batch = None
