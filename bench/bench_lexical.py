@@ -33,6 +33,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, os.path.dirname(__file__))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
+from funnel.serving.lexical import PRUNE_MIN_POSTINGS  # noqa: E402
+
 KS = (10, 100)
 
 
@@ -197,8 +199,10 @@ def main(argv=None):
         " (the ray engine's time includes starting a local Ray session and a Ray Data shuffle); bm25s "
         "indexes in-process from a list already in memory. funnel's batch path scores every query and "
         "every shard in one compiled call (impacts of tf < 32 from a per-(k1, b) grid over Lucene's 256 norm bytes, no "
-        "per-posting impact array); MaxScore pruning engages only where a query has >= 100,000 postings "
-        "in a shard, so at these sizes every query is scored exhaustively."]
+        f"per-posting impact array); pruning (MaxScore over exact block maxima) engages only where a query has "
+        f">= {PRUNE_MIN_POSTINGS:,} postings in a shard (shard-queries that pruned, over all passes: " +
+        "; ".join(f"{ds}/{sh}: {int(f['pruned_shards'][0])}" for ds, (_, facts, _, _) in results.items()
+                  for sh, f in facts.items()) + ")."]
     report("lexical", "BM25: single-thread query throughput vs bm25s (NumPy and numba), and build",
            "\n".join(lines), a.write)
 
