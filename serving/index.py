@@ -169,8 +169,8 @@ class IndexVersion:
             self.dir = resolve_version_dir(root, version)
             self._lease = _lease(self.dir)  # before reading: retention and gc now leave it alone
             self.manifest = verify_version(self.dir, verify)
-        if self._lease is not None:  # released when this object goes (a follower's switch drops it)
-            weakref.finalize(self, self._lease.release)
+        # Released by close(), or when this object goes (a follower's switch drops it).
+        self._release = weakref.finalize(self, self._lease.release) if self._lease is not None else None
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
         try:
@@ -184,6 +184,12 @@ class IndexVersion:
                 "(funnel build ...)") from e
         log.info("opened %s (%d docs, %d shards, %d terms, verify=%s)", self.dir, self.n_docs, self.n_shards,
                  len(self.vocab), verify)
+
+    def close(self) -> None:
+        """Release the reader lease on this version now (retention and gc may then delete it);
+        idempotent. Arrays already handed out stay readable until they are dropped."""
+        if self._release is not None:
+            self._release()
 
     def _load(self) -> None:
         acfg = self.manifest["analyzer"]
@@ -262,6 +268,7 @@ class VersionFollower(Generic[T]):
         self.current: T = open_version(version if version is not None else os.path.basename(self._dir))
         self._failed: tuple[tuple, float] | None = None
         self._status = self._ok_status()
+        self.closed = False
 
     @property
     def version(self) -> str:
@@ -288,9 +295,18 @@ class VersionFollower(Generic[T]):
         """
         return dict(self._status)
 
+    def close(self) -> None:
+        """Close what is being served (its ``close()``, when it has one) and follow nothing more;
+        idempotent."""
+        with self._lock:
+            self.closed = True
+            close = getattr(self.current, "close", None)
+        if close is not None:
+            close()
+
     def refresh(self) -> bool:
         """Switch to the version CURRENT names if it opens; True when it switched."""
-        if self._pinned:
+        if self._pinned or self.closed:
             return False
         with self._lock:
             try:

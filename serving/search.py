@@ -78,7 +78,24 @@ class Searcher:
 
     @property
     def _current(self) -> "VersionSearcher":
+        if self._follow.closed:
+            raise RuntimeError(f"this Searcher of {self.root} is closed; open the index again with "
+                               "open_index(root) to search it")
         return self._follow.current
+
+    def close(self) -> None:
+        """Release the index version this searcher holds (its reader lease) now rather than when
+        the searcher is garbage-collected, so retention and ``funnel gc`` may delete it once a
+        newer version is published. Idempotent; searching afterwards raises RuntimeError. The
+        embedder, reranker and chat model passed in belong to the caller and stay open. Also
+        ``with open_index(root) as ix: ...``."""
+        self._follow.close()
+
+    def __enter__(self) -> "Searcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _open(self, version: str) -> "VersionSearcher":
         return VersionSearcher(IndexVersion(self.root, version, verify=self._verify),
@@ -100,7 +117,8 @@ class Searcher:
         self._current.reranker = value
 
     def refresh(self) -> bool:
-        """Open the version CURRENT now names, if it verifies; True when it switched.
+        """Open the version CURRENT now names, if it verifies; True when it switched (never
+        once closed).
 
         A version that fails (torn manifest, bad checksum, CURRENT outside the root) is not
         served: this keeps the current one and ``status()`` says "degraded" and why.
@@ -134,6 +152,10 @@ class VersionSearcher:
     @property
     def version(self) -> str:
         return self.index.version
+
+    def close(self) -> None:
+        """Release this version's reader lease (``IndexVersion.close``)."""
+        self.index.close()
 
     # -- modes ---------------------------------------------------------------------------
     def modes(self) -> dict[str, Callable]:

@@ -111,3 +111,31 @@ def test_an_open_index_holds_a_lease_on_its_version_and_drops_it_when_closed(tmp
     assert leased_versions(root) == set()
     gc(root, keep=1)
     assert list_versions(root) == ["v000002"]
+
+
+def test_closing_a_searcher_releases_its_version_at_once(tmp_path):
+    """``Searcher.close()`` (and ``with``) drops the lease without waiting for garbage
+    collection, so gc can delete the old version while the object still exists; searching a
+    closed searcher is a clear error, and closing twice is harmless."""
+    import pytest
+
+    from funnel.jobs.build_index import build
+    from funnel.serving.search import open_index
+    root = str(tmp_path / "ix")
+    build(FIXTURE, root, engine="local")
+    ix = open_index(root)
+    assert ix.search("vitamin D", k=3).hits
+    build(FIXTURE, root, engine="local", keep_versions=1)
+    assert leased_versions(root) == {"v000001"}
+    ix.close()
+    assert leased_versions(root) == set()
+    gc(root, keep=1)
+    assert list_versions(root) == ["v000002"]
+    with pytest.raises(RuntimeError, match="closed; open the index again"):
+        ix.search("vitamin D", k=3)
+    assert ix.refresh() is False
+    ix.close()
+    with open_index(root) as ix2:
+        assert ix2.search("vitamin D", k=3).hits
+        assert leased_versions(root) == {"v000002"}
+    assert leased_versions(root) == set()
