@@ -263,6 +263,34 @@ if HAVE_NUMBA:
         return out_d, out_v
 
     @njit(cache=True, nogil=True)
+    def _reachable(acc, ids, m, r, theta):
+        """The documents of ids[:m] whose score plus ``r`` (the bounds of the terms left) can
+        still reach ``theta``, in their order, as a new array of ids' dtype."""
+        out = np.empty(m, dtype=ids.dtype)
+        c = 0
+        for j in range(m):
+            d = ids[j]
+            if acc[d] + r >= theta:
+                out[c] = d
+                c += 1
+        return out[:c]
+
+    @njit(cache=True, nogil=True)
+    def _prune_candidates(acc, cand, c, k, r, theta):
+        """After a term: raise ``theta`` to the k-th partial score of the candidates (partial
+        scores are lower bounds) and keep, in place and in order, the candidates that can
+        still reach it with ``r`` more; returns (count kept, theta)."""
+        if c >= k:
+            theta = max(theta, _kth_of(acc, cand, c, k))
+        n = 0
+        for j in range(c):
+            d = cand[j]
+            if acc[d] + r >= theta:
+                cand[n] = d
+                n += 1
+        return n, theta
+
+    @njit(cache=True, nogil=True)
     def _score_shard(indptr, docs, tfs, code, max_tf, min_code, table, itab, cap, local, weights,
                      acc, touched, rank, base, hv, hr, hd, nh, theta, prune_min, stats):
         """Offers the shard's candidates to the top-k heap (``_heap_push``; ``nh`` entries, the
@@ -319,15 +347,8 @@ if HAVE_NUMBA:
                         break
         if switch_at < T:
             # Candidates: documents seen so far that can still reach theta.
-            cand = np.empty(m, dtype=touched.dtype)
-            c = 0
-            r = rest[switch_at]
-            for j in range(m):
-                d = touched[j]
-                if acc[d] + r >= theta:
-                    cand[c] = d
-                    c += 1
-            cand = np.sort(cand[:c])
+            cand = np.sort(_reachable(acc, touched, m, rest[switch_at], theta))
+            c = cand.shape[0]
             for i in range(switch_at, T):
                 li = local[i]
                 if li >= 0 and c > 0:
@@ -342,16 +363,7 @@ if HAVE_NUMBA:
                         if docs[p] == d:
                             acc[d] += w * _impact(tfs[p], code[d], table, itab, cap)
                 # Drop candidates that can no longer reach theta; raise theta when k remain.
-                r = rest[i + 1]
-                if c >= k:
-                    theta = max(theta, _kth_of(acc, cand, c, k))
-                n = 0
-                for j in range(c):
-                    d = cand[j]
-                    if acc[d] + r >= theta:
-                        cand[n] = d
-                        n += 1
-                c = n
+                c, theta = _prune_candidates(acc, cand, c, k, rest[i + 1], theta)
             ids = cand[:c]
             m_ids = c
         else:
@@ -458,18 +470,12 @@ if HAVE_NUMBA:
                         n_pass += min(block, e0 - a0 - blk * block)
                 saved = (e0 - a0) - n_pass  # postings never read if the candidates go sorted
                 if saved > 0 and (eager or saved > m):
-                    buf = np.empty(m, dtype=np.int64)  # the documents so far that can still reach theta
-                    r = rest[i]
-                    nc = 0
-                    for j in range(m):
-                        d = touched[j]
-                        if acc[d] + r >= theta:
-                            buf[nc] = d
-                            nc += 1
+                    buf = _reachable(acc, touched, m, rest[i], theta)
+                    nc = buf.shape[0]
                     if eager or nc * np.log2(nc + 2) <= saved:
                         sorted_mode = True
                         c = nc
-                        cand = np.sort(buf[:c])
+                        cand = np.sort(buf).astype(np.int64)
             if not sorted_mode:
                 for p in range(a0, e0):
                     d = docs[p]
@@ -537,16 +543,7 @@ if HAVE_NUMBA:
                         y += 1
                 cand = merged
                 c += nn
-            if c >= k:
-                theta = max(theta, _kth_of(acc, cand, c, k))
-            r = rest[i + 1]
-            n = 0
-            for j in range(c):
-                d = cand[j]
-                if acc[d] + r >= theta:
-                    cand[n] = d
-                    n += 1
-            c = n
+            c, theta = _prune_candidates(acc, cand, c, k, rest[i + 1], theta)
         if sorted_mode:
             stats[0] += 1
             stats[1] += skipped
