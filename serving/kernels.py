@@ -263,32 +263,31 @@ if HAVE_NUMBA:
         return out_d, out_v
 
     @njit(cache=True, nogil=True)
-    def _reachable(acc, ids, m, r, theta):
-        """The documents of ids[:m] whose score plus ``r`` (the bounds of the terms left) can
-        still reach ``theta``, in their order, as a new array of ids' dtype."""
-        out = np.empty(m, dtype=ids.dtype)
-        c = 0
+    def _keep_reachable(acc, ids, m, r, theta, out):
+        """Write the documents of ids[:m] whose score plus ``r`` (the bounds of the terms left)
+        can still reach ``theta`` to ``out``, in order (``out`` may be ``ids``); returns how many."""
+        n = 0
         for j in range(m):
             d = ids[j]
             if acc[d] + r >= theta:
-                out[c] = d
-                c += 1
-        return out[:c]
+                out[n] = d
+                n += 1
+        return n
+
+    @njit(cache=True, nogil=True)
+    def _reachable(acc, ids, m, r, theta):
+        """:func:`_keep_reachable` into a new array of ids' dtype."""
+        out = np.empty(m, dtype=ids.dtype)
+        return out[:_keep_reachable(acc, ids, m, r, theta, out)]
 
     @njit(cache=True, nogil=True)
     def _prune_candidates(acc, cand, c, k, r, theta):
         """After a term: raise ``theta`` to the k-th partial score of the candidates (partial
-        scores are lower bounds) and keep, in place and in order, the candidates that can
-        still reach it with ``r`` more; returns (count kept, theta)."""
+        scores are lower bounds) and keep, in place, those that can still reach it with ``r``
+        more; returns (count kept, theta)."""
         if c >= k:
             theta = max(theta, _kth_of(acc, cand, c, k))
-        n = 0
-        for j in range(c):
-            d = cand[j]
-            if acc[d] + r >= theta:
-                cand[n] = d
-                n += 1
-        return n, theta
+        return _keep_reachable(acc, cand, c, r, theta, cand), theta
 
     @njit(cache=True, nogil=True)
     def _score_shard(indptr, docs, tfs, code, max_tf, min_code, table, itab, cap, local, weights,
