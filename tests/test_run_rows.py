@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from funnel.evaluation import runbytes
 from funnel.evaluation.trec import (ANSERINI_MODES, RunRows, _round_like_python, run_as_written, write_run,
                                     write_run_rows)
 from funnel.serving.search import open_index
@@ -101,3 +102,68 @@ def test_searcher_rows_equal_search_batch(demo_index_1, tmp_path, mode, remove_q
         assert got == run
         assert _rows_bytes(tmp_path, rows, mode) == _dict_bytes(tmp_path, {q: dict(h) for q, h in run.items()},
                                                                 mode)
+
+
+def _python_lines(qids, ids, scores, valid, counts, tag):
+    """write_run_rows's Python formatting of the same cells (the reference for the compiled pass)."""
+    cols = np.broadcast_to(np.arange(1, ids.shape[1] + 1), ids.shape)[valid].tolist()
+    cells = zip(np.repeat(np.asarray(qids, dtype=object), counts).tolist(), ids[valid].tolist(), cols,
+                scores[valid].tolist())
+    return "".join("%s Q0 %s %d %r %s\n" % (q, d, r, s, tag) for q, d, r, s in cells).encode("ascii")
+
+
+def test_compiled_lines_are_the_python_lines():
+    """The compiled formatter (what bm25/sira runs go through) against Python's ``%r`` on
+    scores where the shortest repr has 1 to 6 decimals, integers (``12.0``), the range
+    limits, and qids/ids/ranks of every length; and it declines what it cannot write."""
+    rng = np.random.default_rng(11)
+    n, width = 60, 120
+    counts = rng.integers(0, width + 1, size=n)
+    counts[0] = width
+    ids = np.full((n, width), None, dtype=object)
+    scores = np.zeros((n, width))
+    edge = [runbytes.LOW, 12.0, 0.5, 0.000123, 9999999.999999, 1.1, 100.000001, 3.14159, 7.0, 2.5e-4]
+    for i in range(n):
+        c = int(counts[i])
+        ids[i, :c] = [f"doc-{rng.integers(0, 10 ** rng.integers(1, 12))}" for _ in range(c)]
+        v = _round_like_python(rng.uniform(1e-4, 40, c) * 10.0 ** rng.integers(-3, 5), int(rng.integers(0, 7)))
+        v[:min(c, len(edge))] = edge[:min(c, len(edge))]
+        scores[i, :c] = np.clip(v, runbytes.LOW, 9999999.999999)
+    qids = [f"q{'x' * int(rng.integers(0, 9))}{i}" for i in range(n)]
+    valid = np.arange(width)[None, :] < counts[:, None]
+    got = runbytes.part_bytes(qids, ids, scores, valid, counts, "tag-1")
+    assert got is not None and got == _python_lines(qids, ids, scores, valid, counts, "tag-1")
+
+    one = np.array([[2.5]])
+    ok = np.array([[True]])
+    assert runbytes.part_bytes(["q"], np.array([["é"]], dtype=object), one, ok, np.array([1]), "t") is None
+    assert runbytes.part_bytes(["q"], np.array([["a b"]], dtype=object), one, ok, np.array([1]), "t") is None
+    assert runbytes.part_bytes(["q"], np.array([[""]], dtype=object), one, ok, np.array([1]), "t") is None
+    assert runbytes.part_bytes(["q\tx"], np.array([["a"]], dtype=object), one, ok, np.array([1]), "t") is None
+    assert runbytes.part_bytes(["q"], np.array([[7]], dtype=object), one, ok, np.array([1]), "t") is None
+    for bad in (5e-5, -1.0, 1e7, 2.1234567, np.nan):  # out of range, or not a 6-decimal value
+        assert runbytes.part_bytes(["q"], np.array([["a"]], dtype=object), np.array([[bad]]), ok,
+                                   np.array([1]), "t") is None
+
+
+def test_tie_broken_rows_take_the_compiled_pass_and_write_the_dict_paths_bytes(tmp_path, monkeypatch):
+    """Positive scores with ties and rows out of order (the rounding to 4 decimals makes new
+    ties): the bytes equal the dict path's, with the compiled pass used for every part (where
+    numba is present), and with it switched off."""
+    rng = np.random.default_rng(4)
+    run, rows = _random_rows(7)
+    scores = np.where(np.arange(rows.scores.shape[1])[None, :] < rows.counts[:, None],
+                      np.abs(rows.scores) + 0.5, 0.0)
+    rows = RunRows(rows.qids, rows.doc_ids, scores, rows.counts)
+    run = {q: {d: float(s) for d, s in zip(rows.doc_ids[i, :c], scores[i, :c])}
+           for i, (q, c) in enumerate(zip(rows.qids, rows.counts.tolist()))}
+    ids = list(run)
+    rng.shuffle(ids)
+    expected = _dict_bytes(tmp_path, run, "bm25")
+    used = []
+    real = runbytes.part_bytes
+    monkeypatch.setattr(runbytes, "part_bytes", lambda *a: used.append(real(*a)) or used[-1])
+    assert _rows_bytes(tmp_path, [rows], "bm25") == expected
+    assert used and all(b is not None for b in used) == runbytes.HAVE_NUMBA
+    monkeypatch.setattr(runbytes, "part_bytes", lambda *a: None)
+    assert _rows_bytes(tmp_path, [rows], "bm25") == expected
