@@ -8,8 +8,9 @@ and with its numba backend (``backend="numba"``, warmed up before timing), both 
 ``n_threads=0`` (serial, in the calling thread: its fastest single-thread setting; n_threads=1
 hands each query to a worker thread). Every query in the dataset's queries.jsonl is answered
 at k=10 and at k=100. funnel is timed through ``Searcher.search_batch`` (query analysis,
-scoring, doc ids: what the CLI batch path calls), the same with its chunk-analysis cache
-emptied before each pass ("cold cache", first shard count only), and separately on
+scoring, doc ids), the same with its chunk-analysis cache emptied before each pass ("cold
+cache", first shard count only), through the CLI's batch path into a run file ("CLI run":
+``search_batch_rows`` + ``write_run_rows``, first shard count only), and separately on
 pre-analyzed terms (``search_arrays``, one call per query) to compare with bm25s retrieval
 on pre-tokenized queries. Every system's
 passes are interleaved and the best of ``--repeats`` is kept. Prints its section of
@@ -52,6 +53,7 @@ def funnel_systems(ddir, shards, tmp, cold_cache=False):
     """Build the index, open it, and return {name: callable(k)} plus build/open facts."""
     from funnel.jobs.build_index import build
     from funnel.evaluation.evaluate import eval_dataset
+    from funnel.evaluation.trec import write_run_rows
     from funnel.serving.search import open_index
     root = os.path.join(tmp, f"{os.path.basename(ddir)}-{shards}")
     t = time.perf_counter()
@@ -76,10 +78,14 @@ def funnel_systems(ddir, shards, tmp, cold_cache=False):
     def cold(k):  # the analysis cache of whitespace chunks emptied first: every chunk analyzed
         ix.bm25._chunk_gids.clear()
         ix.search_batch(qs, k=k)
+    def cli(k):  # what `funnel search IDX --queries Q --run R` does once the queries are read
+        write_run_rows(os.path.join(tmp, f"run-k{k}.trec"), ix.search_batch_rows(qs, k=k), tag="funnel-bm25",
+                       tiebreak=True)
     systems = {f"funnel {shards} shard{'s' if shards > 1 else ''}": lambda k: ix.search_batch(qs, k=k),
                f"funnel {shards} score-only": score_only}
     if cold_cache:
         systems[f"funnel {shards} cold cache"] = cold
+        systems[f"funnel {shards} CLI run"] = cli
     return (systems,
             {"docs": rep.n_docs, "build_s": build_s, "build_stages": rep.stage_seconds,
              "engine": (rep.engine or {}).get("name", "?"), "open_s": open_s,
@@ -164,20 +170,26 @@ def main(argv=None):
         "every query of the batch in one compiled call); 'score-only' is `search_arrays` per query on "
         "pre-analyzed terms (one call per query); 'cold cache' is `search_batch` with its cache of "
         "analyzed whitespace chunks emptied before each pass, so every chunk is analyzed again (the "
-        "timed passes otherwise reuse what earlier passes analyzed).",
+        "timed passes otherwise reuse what earlier passes analyzed); 'CLI run' is what `funnel search IDX "
+        "--queries Q --run R` does once the queries are read: `search_batch_rows` and `write_run_rows` "
+        "(Anserini tie-break, TREC lines) into a file that each pass overwrites.",
         "",
     ]
     names = [n for n, k in next(iter(results.values()))[0] if k == KS[0]]
     lines.append("| dataset | k | " + " | ".join(f"{n} q/s" for n in names) +
-                 f" | {first_f} / bm25s numpy | {first_f} / bm25s numba | score-only / bm25s numba |")
-    lines.append("|---|---:|" + "---:|" * (len(names) + 3))
+                 f" | {first_f} / bm25s numpy | {first_f} / bm25s numba | score-only / bm25s numba"
+                 " | CLI run / bm25s numba | CLI run / bm25s numba +tokenize |")
+    lines.append("|---|---:|" + "---:|" * (len(names) + 5))
     for ds, (qps, facts, base, n_q) in results.items():
         for k in KS:
             so = f"funnel {shard_counts[0]} score-only"
+            cl = f"funnel {shard_counts[0]} CLI run"
             lines.append(f"| {ds} | {k} | " + " | ".join(f"{qps[(n, k)]:,.0f}" for n in names) +
                          f" | {qps[(first_f, k)] / qps[('bm25s numpy', k)]:.2f}"
                          f" | {qps[(first_f, k)] / qps[('bm25s numba', k)]:.2f}"
-                         f" | {qps[(so, k)] / qps[('bm25s numba', k)]:.2f} |")
+                         f" | {qps[(so, k)] / qps[('bm25s numba', k)]:.2f}"
+                         f" | {qps[(cl, k)] / qps[('bm25s numba', k)]:.2f}"
+                         f" | {qps[(cl, k)] / qps[('bm25s numba +tokenize', k)]:.2f} |")
     lines += ["", "Ratios against every baseline (funnel search_batch q/s ÷ baseline q/s):", ""]
     for ds, (qps, facts, base, n_q) in results.items():
         for sh in shard_counts:

@@ -604,4 +604,6 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use
         return int(e.code or 1)
+    finally:
+        searcher.close()  # the version's reader lease goes now, not at interpreter exit
     return 0 if server.started else 1

@@ -193,7 +193,11 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
             raise ValueError("a token protects the streamable-http transport; over stdio the client "
                              "starts this process itself: leave --token out, or add "
                              "--transport streamable-http")
-        build_mcp_server(open_index(index_root, chat=chat)).run("stdio")
+        ix = open_index(index_root, chat=chat)
+        try:
+            build_mcp_server(ix).run("stdio")
+        finally:
+            ix.close()  # the version's reader lease goes now, not at interpreter exit
         return 0
 
     import uvicorn
@@ -205,7 +209,8 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
-    server = build_mcp_server(open_index(index_root, chat=chat))
+    ix = open_index(index_root, chat=chat)
+    server = build_mcp_server(ix)
     app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                   max_request_body_size=max_body_bytes),
                        token=token, max_body_bytes=max_body_bytes)
@@ -218,4 +223,6 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         http_server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use
         return int(e.code or 1)
+    finally:
+        ix.close()  # the version's reader lease goes now, not at interpreter exit
     return 0 if http_server.started else 1
