@@ -59,7 +59,7 @@ def _index(docs, ids, shards, bounds_on_disk=True):
     bounds = np.cumsum([0] + [len(x) for x in shard_ids])
     docstore = SimpleNamespace(id_rank=[rank[bounds[s]:bounds[s + 1]] for s in range(shards)],
                                doc_ids=shard_ids)
-    ix = SimpleNamespace(shards=scorers, docs=docstore, vocab=gid, idf=idf_lucene(df, n_nonempty),
+    ix = SimpleNamespace(shards=scorers, docs=docstore, vocab=gid, idf=idf_lucene(df, n_nonempty), df=df,
                          avgdl=avgdl, n_docs_nonempty=n_nonempty)
     return BM25Retriever(ix)
 
@@ -277,3 +277,35 @@ def test_block_maxima_only_for_the_default_parameters():
     assert r._block_args is None
     _ranked(r, {"w000": 1, "w001": 1}, 10)
     assert r._block_args is not None
+
+
+@needs_numba
+def test_queries_below_the_threshold_take_the_pruning_free_kernel(monkeypatch):
+    """A query whose terms' df sum stays below ``prune_min_postings`` cannot prune in any
+    shard: it goes to ``search_shards_plain`` / ``search_batch_plain`` (so a small corpus
+    never compiles pruning or builds block maxima) and gets exactly the pruned path's answer."""
+    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    docs, ids, words = _corpus(seed=21)
+    eager, plain = _index(docs, ids, shards=3), _index(docs, ids, shards=3)
+    for r in (eager, plain):  # the fixture's terms are plain words: no stopwords, no stemming
+        r.index.analyzer = Analyzer(AnalyzerConfig(stopwords=False, stemmer="none"))
+    eager.prune_min_postings = 0
+    df = plain.index.df
+    plain.prune_min_postings = int(df.sum()) + 1  # no query reaches it
+    queries = _queries(words, n=120, seed=4)
+    texts = [" ".join(t for t, c in terms.items() for _ in range(c)) for terms in queries]
+    want = {i: _ranked(eager, terms, 10) for i, terms in enumerate(queries)}
+    want_batch = eager.search_texts(texts, 10)
+    calls = []
+    monkeypatch.setattr(kernels, "search_shards", lambda *a: calls.append(a))
+    monkeypatch.setattr(kernels, "search_batch", lambda *a: calls.append(a))
+    assert {i: _ranked(plain, terms, 10) for i, terms in enumerate(queries)} == want
+    got = plain.search_texts(texts, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want_batch))
+    assert not calls and plain._block_args is None
+    monkeypatch.undo()
+    # At the threshold: the pruning kernel again, with its block maxima.
+    plain.prune_min_postings = max(int(df[[plain.index.vocab[t] for t in terms if t in plain.index.vocab]].sum())
+                                   for terms in queries)
+    got = plain.search_texts(texts, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want_batch)) and plain._block_args is not None
