@@ -656,7 +656,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             timings["enrich"] = round(time.time() - t, 2)
         global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
         for s in range(shards):
-            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms)
+            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
         del global_terms
 
         manifest = {

@@ -493,7 +493,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
         global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
         for s in range(n_shards):
-            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms)
+            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
         del global_terms
         timings["df_reduce"] = round(time.time() - t, 2)
 

@@ -129,7 +129,7 @@ class ShardScorer:
     first use (indexes from before they existed).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], avgdl: float):
+    def __init__(self, arrays: dict[str, np.ndarray], avgdl: float, stored_blocks: tuple | None = None):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
         self.indptr = np.asarray(arrays["indptr"])
         self.docs = np.asarray(arrays["docs"])
@@ -140,6 +140,9 @@ class ShardScorer:
         self.avgdl = avgdl
         self._max_tf = arrays.get("term_max_tf")
         self._min_dl = arrays.get("term_min_dl")
+        # (key, (bstart, bmax, tmax, tkth)) block maxima the build stored (load_block_maxima),
+        # used by BM25Retriever._blocks when the key matches; None: computed on first use.
+        self.stored_blocks = stored_blocks
         self._norms = None
         self._min_norm = None
         self._lucene_dl = None

@@ -26,7 +26,7 @@ from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, verify_version)
-from funnel.pipelines.postings import load_shard
+from funnel.pipelines.postings import load_block_maxima, load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import load_vocabulary
 
@@ -209,8 +209,8 @@ class IndexVersion:
         self.df = df
         self.cf = cf
         self.idf = idf_lucene(df, self.n_docs_nonempty)
-        self.shards = [ShardScorer(load_shard(os.path.join(self.dir, "lexical", shard_name(s))), self.avgdl)
-                       for s in range(self.n_shards)]
+        lexical = [os.path.join(self.dir, "lexical", shard_name(s)) for s in range(self.n_shards)]
+        self.shards = [ShardScorer(load_shard(d), self.avgdl, load_block_maxima(d)) for d in lexical]
         self.docs = DocStore(self.dir, self.n_shards)
 
 

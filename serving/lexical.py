@@ -32,6 +32,32 @@ PRUNE_MIN_POSTINGS = 30_000  # see BM25Retriever.prune_min_postings
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
 
 
+def impact_tables(params: BM25Params, avgdl: float, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(denominator per length code, impact grid ``t / (t + den[c])`` at ``t · len(den) + c``
+    for t below IMPACT_TFS; none for exact lengths) for ``params`` and a collection's avgdl."""
+    den = denominator_table(params, avgdl, max_len)
+    # Lucene norms: 256 codes x 32 tfs = 64 KB, mostly the tf=1..3 rows in use.
+    tf = np.arange(0 if params.length_norm == "exact" else IMPACT_TFS, dtype=np.float64)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):  # tf = 0 with k1 = 0: never read
+        itab = np.ascontiguousarray(term_impacts(tf, den[None, :]).ravel())
+    return den, itab
+
+
+def block_maxima_key(avgdl: float) -> dict:
+    """What stored block maxima were computed for: the default BM25 parameters, the
+    collection's avgdl, the block size and the kept ranks. Serving uses a shard's stored
+    ones only when this matches exactly (otherwise it computes them)."""
+    return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
+            "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS]}
+
+
+def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:
+    """``kernels.block_maxima`` of one shard for the default parameters, as serving computes
+    them (the build stores these; see ``pipelines.postings.finalize_shard``)."""
+    den, itab = impact_tables(_DEFAULT, avgdl, 255)
+    return kernels.block_maxima(indptr, docs, tfs, norms, den, itab, kernels.BLOCK)
+
+
 @dataclass(frozen=True)
 class Scored:
     docno: int
@@ -108,7 +134,9 @@ class BM25Retriever:
             with self._lock:
                 if self._block_args is None:
                     den, itab = self._table(params)
-                    blocks = [kernels.block_maxima(s.indptr, s.docs, s.tfs, s.norms, den, itab, kernels.BLOCK)
+                    want = block_maxima_key(self.index.avgdl)
+                    blocks = [s.stored_blocks[1] if s.stored_blocks is not None and s.stored_blocks[0] == want
+                              else kernels.block_maxima(s.indptr, s.docs, s.tfs, s.norms, den, itab, kernels.BLOCK)
                               for s in self.index.shards]
                     self._block_args = kernels.block_table(blocks)
         return self._block_args[0]
@@ -119,12 +147,7 @@ class BM25Retriever:
         if t is None:
             exact = params.length_norm == "exact"
             max_len = max((int(s.doclen.max(initial=0)) for s in self.index.shards), default=0) if exact else 255
-            den = denominator_table(params, self.index.avgdl, max_len)
-            # Lucene norms: 256 codes x 32 tfs = 64 KB, mostly the tf=1..3 rows in use.
-            tf = np.arange(0 if exact else IMPACT_TFS, dtype=np.float64)[:, None]
-            with np.errstate(invalid="ignore", divide="ignore"):  # tf = 0 with k1 = 0: never read
-                itab = np.ascontiguousarray(term_impacts(tf, den[None, :]).ravel())
-            t = (den, itab)
+            t = impact_tables(params, self.index.avgdl, max_len)
             if len(self._tables) > 16:
                 self._tables.clear()
             self._tables[params] = t
