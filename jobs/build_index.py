@@ -209,7 +209,7 @@ def _quiet_ray_notices() -> None:
 LOCAL_OBJECT_STORE_BYTES = 2 << 30
 
 
-def _init_ray(num_cpus: int | None = None) -> dict:
+def init_ray(num_cpus: int | None = None) -> dict:
     """Start or join Ray; returns which cluster the build runs on (logged and put in the manifest).
 
     With RAY_ADDRESS unset this starts a fresh local Ray (``address="local"``) even when a
@@ -252,7 +252,7 @@ def _init_ray(num_cpus: int | None = None) -> dict:
     return info
 
 
-def _max_restarts(ray_info: dict) -> dict:
+def max_restarts(ray_info: dict) -> dict:
     """Actor fault tolerance for Ray Data actor pools: off on a one-machine Ray.
 
     Ray Data passes an actor's constructor through the object store and restarts actors
@@ -267,7 +267,7 @@ def _max_restarts(ray_info: dict) -> dict:
     return {"max_restarts": 0} if one_machine else {}
 
 
-def _progress_counter():
+def progress_counter():
     """A Ray actor the workers add their progress to (fire and forget); the driver polls it."""
     import ray
 
@@ -386,13 +386,13 @@ def _row_table(row: dict):
     return pa.table({k: pa.array(list(v)) for k, v in row.items()})
 
 
-def _keep_rejects(work_dir: str, out: str, staging: str) -> tuple[str, int]:
+def keep_rejects(work_dir: str, out: str, staging: str) -> tuple[str, int]:
     """The rejects of a build that publishes nothing, kept as ``INDEX_ROOT/rejects-<build id>.jsonl``."""
     path = os.path.join(out, f"rejects-{os.path.basename(staging).split('-', 1)[1]}.jsonl")
-    return path, _collect_rejects(work_dir, path)
+    return path, collect_rejects(work_dir, path)
 
 
-def _collect_rejects(work_dir: str, out_path: str) -> int:
+def collect_rejects(work_dir: str, out_path: str) -> int:
     """Merge per-chunk and per-shard reject files into one rejects.jsonl, in corpus order,
     with absolute 1-based line numbers per file."""
     rdir = os.path.join(work_dir, "rejects")
@@ -602,11 +602,11 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         counter = None
         t = time.time()
         if engine_name == "ray":
-            ray_info = _init_ray(num_cpus)
+            ray_info = init_ray(num_cpus)
             ship, ship_why = choose_worker_files(shared_disk, ray_info, _nodes_here(ray_info))
             ray_info["worker_files"] = {"shipped": ship, "reason": ship_why}
             log.info("worker files: %s", ship_why)
-            counter = _progress_counter()
+            counter = progress_counter()
             summaries = _ray_lexical(chunks, spec, shards, staging, work, analyzer.config.to_dict(), counter,
                                      progress_seconds, ship=ship)
         else:
@@ -623,7 +623,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 by_shard[s] = build_lexical_shard(empty, s, staging, work)
         shard_rows = [by_shard[s] for s in range(shards)]
 
-        n_rejects = _collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
+        n_rejects = collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
         log.info("lexical: %d documents in %d shards, %d rejected, %.1fs", n_docs, shards, n_rejects,
                  timings["read_analyze_shard"])
@@ -634,7 +634,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
         if n_docs == 0:
-            kept, _ = _keep_rejects(work, local, staging)
+            kept, _ = keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {n_rejects} rows were rejected; nothing "
                              f"published. The reasons are in {kept}")
 
@@ -681,7 +681,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 from funnel.jobs.embed_stage import run_dense_stage
                 manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                                     counter=counter, progress_seconds=progress_seconds,
-                                                    actor_options=_max_restarts(ray_info), ship=ship,
+                                                    actor_options=max_restarts(ray_info), ship=ship,
                                                     release_ray=ray_info.get("cluster") == "local")
             else:
                 from funnel.jobs.local_engine import run_dense
@@ -705,7 +705,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                        engine=engine_info, shard_plan=shard_info, enrichment=enrichment)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown, except where the help text already says it (``default: ...``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -855,7 +855,7 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     p = argparse.ArgumentParser(prog="build_index", description=__doc__.split("\n")[0],
-                                formatter_class=_HelpFormatter)
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     a = p.parse_args(argv)
     try:

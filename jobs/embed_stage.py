@@ -136,7 +136,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     blocks = max(shards, 4 * n_actors, (n_docs or 0) // (4 * batch_size))
     ds = _docs_dataset(os.path.join(staging, "docs"), ship).repartition(min(blocks, 2000))
     with warnings.catch_warnings():
-        # Ray 2.60 takes max_restarts (see build_index._max_restarts) only through
+        # Ray 2.60 takes max_restarts (see build_index.max_restarts) only through
         # **ray_remote_args, which it marks deprecated in favour of named parameters that
         # do not cover it yet: the setting is deliberate, the notice is not for our users.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")

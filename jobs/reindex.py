@@ -34,8 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from funnel.jobs.build_index import (BuildError, _collect_rejects, _HelpFormatter, _init_ray, _keep_rejects,
-                                     _max_restarts, _progress_counter, llm_endpoint_of)
+from funnel.jobs.build_index import (BuildError, HelpFormatter, collect_rejects, init_ray, keep_rejects,
+                                     llm_endpoint_of, max_restarts, progress_counter)
 
 log = logging.getLogger("funnel.build")
 
@@ -200,7 +200,7 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
 
     from funnel.jobs.embed_stage import _counted_embed_cls
     from funnel.pipelines.vectors import VectorSpool
-    counter = _progress_counter()
+    counter = progress_counter()
     gpus = _ray_gpus()
     if gpus > 0:
         n_actors, res = gpus, {"num_gpus": 1}
@@ -440,8 +440,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         ray_info = {"cluster": "none", "executor": "local"}
         actor_options: dict = {}
         if executor == "ray":
-            ray_info = {**_init_ray(num_cpus), "executor": "ray"}
-            actor_options = _max_restarts(ray_info)
+            ray_info = {**init_ray(num_cpus), "executor": "ray"}
+            actor_options = max_restarts(ray_info)
         # In this process the model picks its device (CUDA if present); Ray's CPU actors get one thread.
         any_device = executor == "local" or _ray_gpus() > 0
         spec_embed, live_fp = _embed_spec(live, embed_model, embed_batch_size, any_device)
@@ -465,11 +465,11 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         diff = {k: sum(int(r[k]) for r in shard_rows) for k in ("unchanged", "changed", "added", "deleted")}
         rebuilt = sum(1 for r in shard_rows if not r["copied"])
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
-        n_rejects = _collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
+        n_rejects = collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
         log.info("reindex: %d unchanged, %d changed, %d added, %d deleted; %d rejected; %d of %d shards rebuilt",
                  diff["unchanged"], diff["changed"], diff["added"], diff["deleted"], n_rejects, rebuilt, n_shards)
         if n_docs == 0:
-            kept, _ = _keep_rejects(work, local, staging)
+            kept, _ = keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {sum(r['rows'] + r['rejects'] for r in read)} "
                              f"rows were rejected; nothing published. The reasons are in {kept}")
         if strict and n_rejects:
@@ -609,7 +609,7 @@ def run_from_args(a: argparse.Namespace) -> ReindexReport:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    p = argparse.ArgumentParser(prog="reindex", description=__doc__.split("\n")[0], formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(prog="reindex", description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add_arguments(p)
     a = p.parse_args(argv)
     try:
