@@ -192,8 +192,10 @@ def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str 
 
 
 def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | None, batch_size: int,
-                     n_rows: int, actor_options: dict) -> tuple[int, int]:
-    """Embed ``delta/*.parquet`` on a Ray Data actor pool, as the build's dense stage does."""
+                     n_rows: int, actor_options: dict, release_ray: bool = False) -> tuple[int, int]:
+    """Embed ``delta/*.parquet`` on a Ray Data actor pool, as the build's dense stage does;
+    ``release_ray``: stop Ray once the vectors are on this process's disk (nothing after
+    this runs on Ray), so that its workers' memory is free for the FAISS shards."""
     import warnings
 
     import ray
@@ -222,12 +224,16 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
         spool.finish()
     shutil.rmtree(out_dir + "-spill", ignore_errors=True)
     c = ray.get(counter.get.remote(), timeout=30).get("embed", {})
+    if release_ray:
+        ray.shutdown()
+        log.info("ray: stopped the local Ray this reindex started (nothing left to run on it); "
+                 "its workers' memory is free for the FAISS stage")
     return int(c.get("docs", 0)), int(c.get("docs", 0)) - int(c.get("cached", 0))
 
 
 def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, live_fp: dict | None,
                  reuse_live: bool, executor: str, cache_dir: str | None, batch_size: int,
-                 actor_options: dict) -> dict:
+                 actor_options: dict, release_ray: bool = False) -> dict:
     """Vectors of every document (reused or embedded), then the FAISS shards; the manifest's dense section."""
     import numpy as np
 
@@ -238,7 +244,8 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
     embedded, fingerprint = 0, live_fp if reuse_live else None
     if n_delta:
         if executor == "ray":
-            _, embedded = _embed_delta_ray(delta_dir, emb_dir, spec, cache_dir, batch_size, n_delta, actor_options)
+            _, embedded = _embed_delta_ray(delta_dir, emb_dir, spec, cache_dir, batch_size, n_delta, actor_options,
+                                           release_ray)
         else:
             embedded, fingerprint = _embed_delta_local(delta_dir, emb_dir, spec, cache_dir, batch_size, fingerprint)
     if fingerprint is None:  # Ray embedded it (or nothing was): ask the model once, here
@@ -514,7 +521,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             t = time.time()
             manifest["dense"], vec_counts = _dense_stage(staging, work, shard_rows, spec_embed, live_fp,
                                                          vectors == "reuse", executor, embed_cache,
-                                                         embed_batch_size, actor_options)
+                                                         embed_batch_size, actor_options,
+                                                         release_ray=ray_info.get("cluster") == "local")
             timings["dense"] = round(time.time() - t, 2)
         manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
         manifest["build"]["seconds"] = round(time.time() - t0, 2)

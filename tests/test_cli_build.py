@@ -148,3 +148,27 @@ def test_hybrid_flag_errors_are_exit_2(built, capsys, flags, says):
     assert main(["search", root, QUERY, *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err
+
+
+def test_ray_reindex_stops_its_local_ray_before_the_faiss_stage(built, demo_corpus, tmp_path):
+    """A reindex on a local Ray it started stops that Ray once the changed documents' vectors
+    are on its disk (as the build does), and still publishes the right dense index. Runs last
+    in this module: it publishes a second version of the shared index."""
+    p, root = built
+    assert p.returncode == 0, p.stderr[-3000:]
+    with open(demo_corpus) as f:
+        rows = [json.loads(line) for _, line in zip(range(N_DOCS), f)]
+    for i in (3, 17):
+        rows[i]["text"] += " A revised paragraph about enzymes."
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["FUNNEL_CACHE"] = str(tmp_path / "cache")
+    r = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "reindex", "--index", root, "--corpus", str(b),
+                        "--executor", "ray"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ray: stopped the local Ray this reindex started" in r.stderr
+    current = open(os.path.join(root, "CURRENT")).read().strip()
+    manifest = json.load(open(os.path.join(root, current, "manifest.json")))
+    assert manifest["reindex"]["vectors"]["embedded"] == 2 and manifest["dense"]["ntotal"] == N_DOCS
+    assert main(["search", root, "revised paragraph about enzymes", "--mode", "dense", "--k", "3"]) == 0
