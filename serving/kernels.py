@@ -189,6 +189,20 @@ if HAVE_NUMBA:
         return x / (x + table[c])
 
     @njit(cache=True, nogil=True, inline="always")
+    def _new_heap(k):
+        """An empty top-k heap: (scores, id ranks, docnos), for ``_heap_push``."""
+        return np.empty(k), np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n):
+        """Query ``q``'s ranked docnos as global positions (``doc_off[shard] + local``) and
+        scores into row ``q`` of the batch outputs, and their count."""
+        for j in range(dn.shape[0]):
+            out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & 0xFFFFFFFF)
+            out_score[q, j] = sc[j]
+        out_n[q] = dn.shape[0]
+
+    @njit(cache=True, nogil=True, inline="always")
     def _heap_push(hv, hr, hd, n, v, r, d):
         """Offer (score v, id rank r, docno d) to the top-k heap of ``n`` entries (k = its size);
         returns the new count. The root is the worst kept entry: lowest score, then highest
@@ -621,9 +635,7 @@ if HAVE_NUMBA:
         S = meta.shape[0]
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
-        hv = np.empty(k)
-        hr = np.empty(k, dtype=np.int64)
-        hd = np.empty(k, dtype=np.int64)
+        hv, hr, hd = _new_heap(k)
         n = 0
         theta = 0.0
         blocks = bmeta.shape[0] > 0 and prune_min >= 0
@@ -666,9 +678,7 @@ if HAVE_NUMBA:
         (``BM25Retriever`` chooses)."""
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
-        hv = np.empty(k)
-        hr = np.empty(k, dtype=np.int64)
-        hd = np.empty(k, dtype=np.int64)
+        hv, hr, hd = _new_heap(k)
         n = 0
         for s in range(meta.shape[0]):
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
@@ -692,10 +702,7 @@ if HAVE_NUMBA:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
             dn, sc = search_shards_plain(meta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k)
-            for j in range(dn.shape[0]):
-                out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & 0xFFFFFFFF)
-                out_score[q, j] = sc[j]
-            out_n[q] = dn.shape[0]
+            _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
     def _query_weights(raw, idf):
@@ -723,10 +730,7 @@ if HAVE_NUMBA:
             pm = prune_min if ws.min() > 0 else -1
             dn, sc = search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
                                    pm, stats)
-            for j in range(dn.shape[0]):
-                out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & 0xFFFFFFFF)
-                out_score[q, j] = sc[j]
-            out_n[q] = dn.shape[0]
+            _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
     def term_bounds(indptr, docs, tfs, doclen):
@@ -887,9 +891,7 @@ if HAVE_NUMBA:
         """(docnos, scores) of the best ``k`` accumulated documents of every shard, ranked as
         ``search_shards`` ranks (score descending, then doc_id); with ``zero`` the
         accumulators are reset (and ``mcount`` too)."""
-        hv = np.empty(k)
-        hr = np.empty(k, dtype=np.int64)
-        hd = np.empty(k, dtype=np.int64)
+        hv, hr, hd = _new_heap(k)
         n = 0
         for s in range(mcount.shape[0]):
             if mcount[s] == 0:
@@ -989,10 +991,7 @@ if HAVE_NUMBA:
             out_nexp[q] = ne
             _accumulate_all(meta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
             dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, k, True)
-            for j in range(dn.shape[0]):
-                out_pos[q, j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
-                out_score[q, j] = sc[j]
-            out_n[q] = dn.shape[0]
+            _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 else:
     search_shards = None
     search_batch = None
