@@ -620,8 +620,12 @@ if HAVE_NUMBA:
         Length codes have ``code_proto``'s dtype: uint8 Lucene norm bytes or int32 exact
         lengths, as ``table`` is indexed. ``doc_off``: each shard's first position in the
         global document order (S + 1 entries); ``id_rank``: each document's rank by doc_id;
-        ``acc`` (float64, one per document) is zeroed, and zeroed again
-        on return; ``touched`` (int32) has one more slot than there are documents. ``itab`` holds ``t / (t + table[c])`` at
+        ``acc`` (float64, at least one per document of the largest shard) is zeroed, and zeroed
+        again on return; ``touched`` (int32) has one more slot. Every shard is scored in the
+        same leading region ``acc[:shard size]`` (a shard's scores are gone when the next one
+        starts), so the working set is one shard's, not the corpus's: at 3M documents (10
+        shards) that made queries 2.2-2.8x faster than a slice per shard of a corpus-sized
+        array, which left the L3 cache; at 1M 5-7%. ``itab`` holds ``t / (t + table[c])`` at
         ``t · len(table) + c`` for t below ``len(itab) / len(table)``: the impacts of small
         tfs, precomputed per (k1, b), so most postings cost a lookup instead of a division. A shard is
         pruned when ``prune_min >= 0`` and the query has at least ``prune_min`` postings
@@ -643,6 +647,7 @@ if HAVE_NUMBA:
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
+            nd = hi - lo  # the shard's documents, scored in acc[:nd] (the docstring says why)
             if blocks:
                 indptr = _view(meta, s, 0, np.int64)
                 post = 0
@@ -655,7 +660,7 @@ if HAVE_NUMBA:
                         indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
                         _view(meta, s, 5, code_proto.dtype), table, itab, cap,
                         _view(bmeta, s, 0, np.int64), _view(bmeta, s, 1, np.float64), _view(bmeta, s, 2, np.float64),
-                        BLOCK, local, weights, acc[lo:hi], touched[lo:hi + 1], id_rank[lo:hi], np.int64(s) << 32,
+                        BLOCK, local, weights, acc[:nd], touched[:nd + 1], id_rank[lo:hi], np.int64(s) << 32,
                         hv, hr, hd, n, theta, prune_min == 0, stats)
                     if n == k:
                         theta = max(theta, hv[0])
@@ -663,7 +668,7 @@ if HAVE_NUMBA:
             n = _score_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
                              _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype),
                              _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
-                             table, itab, cap, local, weights, acc[lo:hi], touched[lo:hi + 1],
+                             table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
                              id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n, theta, prune_min, stats)
             if prune_min >= 0 and n == k:  # the k-th best so far bounds the final k-th from below
                 theta = max(theta, hv[0])
@@ -684,11 +689,11 @@ if HAVE_NUMBA:
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
+            nd = hi - lo  # scored in acc[:nd], as in search_shards
             m = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
-                            _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[lo:hi],
-                            touched[lo:hi + 1], 0)
-            n = _push_scores(acc[lo:hi], touched[lo:hi + 1], m, id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n,
-                             True)
+                            _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
+                            touched[:nd + 1], 0)
+            n = _push_scores(acc[:nd], touched[:nd + 1], m, id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n, True)
         return _heap_sorted(hv, hr, hd, n)
 
     @njit(cache=True, nogil=True)
