@@ -270,8 +270,8 @@ def _round_like_python(x: np.ndarray, decimals: int) -> np.ndarray:
 
 
 def _sort_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> None:
-    """Put each row in run order (score descending, docid ascending) in place; rows that
-    already are are only checked, in bulk. A row whose scores are in order but not its ties
+    """Put each row in run order (score descending, docid ascending) in place; rows already
+    in that order are only checked, in bulk. A row whose scores are in order but not its ties
     (the tie-break's rounding to 4 decimals makes new ties: ~1 row in 10 on SciFact at
     k=100) has only its runs of equal scores sorted."""
     nxt = valid[:, 1:]
@@ -317,7 +317,7 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     in bulk (:func:`_round_like_python`), row order checked in bulk, and each part
     formatted by one ``%`` over all of its lines, or, where the tie-broken scores and ASCII
     ids allow it, by one compiled pass that writes the same bytes
-    (:func:`funnel.evaluation.runbytes.part_bytes`; SciFact k=100: 45 -> ~8 µs a query).
+    (:func:`funnel.evaluation.runbytes.part_bytes`; SciFact k=100: 45 -> 12-15 µs a query).
     """
     if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")

@@ -782,7 +782,7 @@ if HAVE_NUMBA:
             rmark[t] = 3 if df[t] > tau_n or short[t] else 0
 
     @njit(cache=True, nogil=True)
-    def _rm3_select(fptr, fg, ftf, fdl, rows, dw, df, short, idf, use_idf, tau_n, qg, n_terms, racc, rmark,
+    def _rm3_select(fptr, fg, ftf, fdl, rows, dw, idf, use_idf, qg, n_terms, racc, rmark,
                     out_g, out_w):
         """``feedback.ForwardIndex.rm3_weights`` + ``select_terms`` for one query: sums
         ``w_d · tf / |d|`` per term in the same order (bit-identical to the bincount), keeps
@@ -966,12 +966,11 @@ if HAVE_NUMBA:
                 rows = np.empty(dn.shape[0], dtype=np.int64)
                 for j in range(dn.shape[0]):
                     rows[j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
-                npf = _rm3_select(fptr, fg, ftf, fdl, rows, sc, df, short, idf, False, tau_n, ug, fb_terms,
-                                  racc, rmark, pg, pw)
+                npf = _rm3_select(fptr, fg, ftf, fdl, rows, sc, idf, False, ug, fb_terms, racc, rmark, pg, pw)
             nde = 0
             if dense_n[q] > 0:
-                nde = _rm3_select(fptr, fg, ftf, fdl, dense_rows[q, :dense_n[q]], dense_w[q, :dense_n[q]], df,
-                                  short, idf, True, tau_n, ug, fb_terms, racc, rmark, dg, dwt)
+                nde = _rm3_select(fptr, fg, ftf, fdl, dense_rows[q, :dense_n[q]], dense_w[q, :dense_n[q]], idf,
+                                  True, ug, fb_terms, racc, rmark, dg, dwt)
             eg = np.empty(npf + nde, dtype=np.int64)
             ew = np.empty(npf + nde)
             ne = 0
