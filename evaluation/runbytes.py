@@ -16,6 +16,7 @@ else returns None and the caller formats in Python (which also raises the errors
 from __future__ import annotations
 
 import os
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -29,6 +30,77 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 
 #: The score range where a 6-decimal score's repr is its fixed-point digits (module docstring).
 LOW, HIGH = 1e-4, 1e7
+#: Spare bytes after the buffers ``_run_chunk`` copies from and into (fixed-size copies).
+SLACK = 16
+
+
+class IdTable(NamedTuple):
+    """Every doc id of an index as bytes, for :func:`write_rows`: the id at global position
+    ``p`` is ``data[offsets[p]:offsets[p + 1]]``, and ``rank[p]`` is its place in str order.
+    Built by :func:`id_table`, which checks once that every id is ASCII, non-empty and
+    without whitespace (what the lines need)."""
+
+    data: np.ndarray  # uint8
+    offsets: np.ndarray  # int64, one more than there are ids
+    rank: np.ndarray  # int64
+
+
+def id_table(data: np.ndarray, offsets: np.ndarray, rank: np.ndarray) -> IdTable | None:
+    """An :class:`IdTable` over these arrays, or None where :func:`write_rows` cannot use it
+    (numba absent, or an id that is empty, not ASCII, or has whitespace)."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    padded = np.zeros(len(data) + SLACK, dtype=np.uint8)  # room for _run_chunk's fixed-size copies
+    padded[:len(data)] = data
+    rank = np.ascontiguousarray(rank, dtype=np.int64)
+    if not HAVE_NUMBA or offsets.shape != (len(rank) + 1,) or not _ids_ok(padded[:len(data)], offsets):
+        return None
+    return IdTable(padded, offsets, rank)
+
+
+#: Bytes formatted between writes by :func:`write_rows` (grown for a row that needs more).
+CHUNK = 1 << 18
+
+
+def write_rows(write: Callable[[memoryview], object], qids: list[str], positions: np.ndarray,
+               rounded: np.ndarray, counts: np.ndarray, table: IdTable, tag: str) -> int:
+    """Anserini's tie-break and the lines of a run part, compiled: ``write``s the bytes
+    ``write_run_rows(..., tiebreak=True)`` writes for rows whose ids are ``table``'s at
+    ``positions`` ([n, k] global positions) and whose scores, rounded to 4 decimals as
+    Python rounds, are ``rounded``, best first. Ties (equal rounded scores) are put in id
+    order through ``table.rank``; the i-th of a tie is lowered by i·1e-6 and rounded to 6
+    decimals. Returns how many rows (from the first) it wrote: it stops before a row where
+    the bytes would not provably be the same (a row not in descending order, a position
+    out of range, or a tie-broken score outside [LOW, HIGH), not a 6-decimal value, or near
+    a rounding half), and writes nothing where numba is absent or a qid or the tag is not
+    ASCII or has whitespace. The caller writes the rest its general way, which decides
+    those cases as Python does. Lines are formatted CHUNK bytes at a time into one reused
+    buffer (no allocation the size of the run)."""
+    if not HAVE_NUMBA or not len(qids):
+        return 0
+    try:
+        qb = np.frombuffer("\n".join(qids).encode("ascii"), dtype=np.uint8)
+        tb = np.frombuffer(tag.encode("ascii"), dtype=np.uint8)
+    except (TypeError, UnicodeEncodeError):
+        return 0
+    qoff = _split(qb, len(qids))
+    if qoff is None or _split(tb, 1) is None:
+        return 0
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    rounded = np.ascontiguousarray(rounded, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.empty(CHUNK, dtype=np.uint8)
+    q = 0
+    while q < len(qids):
+        p, nxt, need = _run_chunk(qb, qoff, q, positions, rounded, counts, table.data, table.offsets, table.rank,
+                                  tb, out)
+        if p:
+            write(memoryview(out)[:p])
+        if need < 0:  # row nxt takes the general path
+            return nxt
+        if need > 0:  # row nxt is larger than the buffer
+            out = np.empty(need, dtype=np.uint8)
+        q = nxt
+    return q
 
 
 def part_bytes(qids: list[str], ids: np.ndarray, scores: np.ndarray, valid: np.ndarray,
@@ -60,6 +132,23 @@ def part_bytes(qids: list[str], ids: np.ndarray, scores: np.ndarray, valid: np.n
 
 
 if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, inline="always")
+    def _space(c):
+        return c == 32 or 9 <= c <= 13 or 28 <= c <= 31  # str.isspace() in ASCII
+
+    @njit(cache=True, nogil=True)
+    def _ids_ok(data, offsets):
+        """Every id non-empty, ASCII and without whitespace, and the offsets in range."""
+        if offsets.shape[0] == 0 or offsets[0] != 0 or offsets[-1] != data.shape[0]:
+            return False
+        for p in range(offsets.shape[0] - 1):
+            if offsets[p + 1] <= offsets[p]:
+                return False
+        for i in range(data.shape[0]):
+            if data[i] >= 128 or _space(data[i]):
+                return False
+        return True
+
     @njit(cache=True, nogil=True)
     def _split(buf, n):
         """Start offsets (n + 1, the last one past the end + 1) of the n newline-joined
@@ -74,12 +163,14 @@ if HAVE_NUMBA:
                     return None
                 off[f] = i + 1
                 f += 1
-            elif c == 32 or 9 <= c <= 13 or 28 <= c <= 31:  # str.isspace() in ASCII
+            elif _space(c):
                 return None
         if f != n or (n > 0 and buf.shape[0] == off[n - 1]):
             return None
         off[n] = buf.shape[0] + 1
         return off
+
+    _DIG3 = np.frombuffer("".join(f"{i:03d}" for i in range(1000)).encode("ascii"), dtype=np.uint8).copy()
 
     _TENS = np.array([1, 10, 100, 1000, 10000, 100000, 1000000], dtype=np.int64)
 
@@ -91,6 +182,17 @@ if HAVE_NUMBA:
             out[up] = src[x]
             up += np.uint64(1)
         return np.int64(up)
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _put_short(out, p, src, a, b):
+        """_put_bytes for sources with SLACK readable bytes past any field and outputs with
+        SLACK bytes to spare: a field of at most SLACK bytes is one fixed-size copy."""
+        if b - a > SLACK:
+            return _put_bytes(out, p, src, a, b)
+        up, ua = np.uint64(p), np.uint64(a)
+        for t in range(SLACK):
+            out[up + np.uint64(t)] = src[ua + np.uint64(t)]
+        return p + (b - a)
 
     @njit(cache=True, nogil=True)
     def _digits(x):
@@ -158,5 +260,100 @@ if HAVE_NUMBA:
             out[p] = 10
             p += 1
         return out[:p]
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _near_half(y):
+        """``_round_like_python``'s test: rint(y) may not be Python's rounding of y."""
+        return not abs(y) < 1e12 or abs(y - np.floor(y) - 0.5) < 1e-6
+
+    @njit(cache=True, nogil=True)
+    def _run_chunk(qb, qoff, q0, pos, s4, counts, data, offs, rank, tb, out):
+        """write_rows' lines from row q0 on into ``out``, whole rows only: (bytes, next row,
+        need), need 0 when it stopped at the end or a full buffer, -1 when the next row
+        takes the general path, else the buffer size that row needs."""
+        nq = qoff.shape[0] - 1
+        k = pos.shape[1]
+        # " r " for every rank r, and " tag\n", copied per line instead of formatted
+        rtxt = np.empty(k * 22 + SLACK, dtype=np.uint8)
+        roff = np.empty(k + 1, dtype=np.int64)
+        roff[0] = 0
+        for j in range(k):
+            a = roff[j]
+            rtxt[a] = 32
+            e = _put_int(rtxt, a + 1, j + 1, _digits(j + 1))
+            rtxt[e] = 32
+            roff[j + 1] = e + 1
+        nt = tb.shape[0] + 2
+        tail = np.empty(nt + SLACK, dtype=np.uint8)
+        tail[0] = 32
+        tail[1:nt - 1] = tb
+        tail[nt - 1] = 10
+        head = np.empty(64 + SLACK, dtype=np.uint8)
+        row_p = np.empty(k, dtype=np.int64)
+        row_s = np.empty(k, dtype=np.float64)
+        p = 0
+        for q in range(q0, nq):
+            n = counts[q]
+            if n > k or n < 0:
+                return p, q, -1
+            nh = qoff[q + 1] - 1 - qoff[q] + 4
+            if nh > head.shape[0] - SLACK:
+                head = np.empty(nh + SLACK, dtype=np.uint8)
+            bound = SLACK + n * (nh + 22 + 1 + 15 + nt)  # per line: head, " rank ", the score, tail
+            for j in range(n):
+                x = pos[q, j]
+                if x < 0 or x >= rank.shape[0]:
+                    return p, q, -1
+                bound += offs[x + 1] - offs[x]
+            if p + bound > out.shape[0]:
+                return p, q, (bound if p == 0 else 0)
+            for j in range(n):
+                x = pos[q, j]
+                s = s4[q, j]
+                if j > 0 and s > row_s[j - 1]:
+                    return p, q, -1  # not in order: the general path sorts it
+                # insertion into the run of equal scores by id rank (runs are short)
+                i = j
+                while i > 0 and row_s[i - 1] == s and rank[row_p[i - 1]] > rank[x]:
+                    row_p[i] = row_p[i - 1]
+                    row_s[i] = row_s[i - 1]
+                    i -= 1
+                row_p[i] = x
+                row_s[i] = s
+            h = _put_bytes(head, 0, qb, qoff[q], qoff[q + 1] - 1)
+            head[h] = 32
+            head[h + 1] = 81  # Q
+            head[h + 2] = 48  # 0
+            head[h + 3] = 32
+            start = p
+            dup = 0
+            for j in range(n):
+                dup = dup + 1 if j > 0 and row_s[j] == row_s[j - 1] else 0
+                y = (row_s[j] - dup * 1e-6) * 1e6
+                v = np.rint(y) / 1e6  # round(score - dup·1e-6, 6), as _round_like_python
+                m = np.int64(np.rint(v * 1e6)) if v >= LOW and v < HIGH else np.int64(0)
+                if _near_half(y) or not (v >= LOW and v < HIGH) or m / 1e6 != v:
+                    return start, q, -1  # repr would not be these digits: the general path
+                p = _put_short(out, p, head, 0, nh)
+                x = row_p[j]
+                p = _put_short(out, p, data, offs[x], offs[x + 1])
+                p = _put_short(out, p, rtxt, roff[j], roff[j + 1])
+                whole = m // 1000000
+                p = _put_int(out, p, whole, _digits(whole))
+                out[p] = 46  # .
+                frac = m - whole * 1000000
+                hi = (frac // 1000) * 3
+                lo = (frac % 1000) * 3
+                out[p + 1] = _DIG3[hi]
+                out[p + 2] = _DIG3[hi + 1]
+                out[p + 3] = _DIG3[hi + 2]
+                out[p + 4] = _DIG3[lo]
+                out[p + 5] = _DIG3[lo + 1]
+                out[p + 6] = _DIG3[lo + 2]
+                p += 7
+                while out[p - 1] == 48 and out[p - 2] != 46:  # trailing zeros go, one digit stays
+                    p -= 1
+                p = _put_short(out, p, tail, 0, nt)
+        return p, nq, 0
 else:  # pragma: no cover
-    _lines = None
+    _lines = _run_chunk = _ids_ok = _split = None

@@ -245,12 +245,17 @@ def _run_order(kv: tuple[str, float]) -> tuple[float, str]:
 class RunRows(NamedTuple):
     """Part of a run as arrays: query ``qids[i]``'s hits are ``doc_ids[i, :counts[i]]``
     (str) with ``scores[i, :counts[i]]``, best first (entries past ``counts[i]`` are
-    padding). What ``Searcher.search_batch_rows`` returns and :func:`write_run_rows` writes."""
+    padding). What ``Searcher.search_batch_rows`` returns and :func:`write_run_rows` writes.
+    ``positions`` and ``names`` (an index's ``runbytes.IdTable``), where given, are where the
+    ids come from: the doc ids at ``positions`` in ``names``; the tie-broken lines are then
+    written straight from them (``runbytes.write_rows``)."""
 
     qids: list[str]
     doc_ids: np.ndarray
     scores: np.ndarray
     counts: np.ndarray
+    positions: np.ndarray | None = None
+    names: runbytes.IdTable | None = None
 
 
 def _round_like_python(x: np.ndarray, decimals: int) -> np.ndarray:
@@ -333,7 +338,16 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
                 raise ValueError(f"run rows: doc_ids {ids.shape}, scores {scores.shape}, counts "
                                  f"{counts.shape} and {len(qids)} qids do not match")
             valid = np.arange(ids.shape[1])[None, :] < counts[:, None]
-            if tiebreak and not np.isnan(scores[valid]).any():  # the compiled path, where it applies
+            if tiebreak and not np.isnan(scores[valid]).any():  # the compiled paths, where they apply
+                if part.names is not None and part.positions is not None and np.shape(part.positions) == ids.shape:
+                    f.flush()  # ASCII, so the same bytes as through the text layer
+                    n = runbytes.write_rows(f.buffer.write, qids, part.positions,
+                                            _round_like_python(scores, TIEBREAK_DECIMALS), counts, part.names, tag)
+                    written += n
+                    if n == len(qids):
+                        continue
+                    # the rest (from a row the compiled pass left) the general way
+                    qids, ids, scores, counts, valid = qids[n:], ids[n:], scores[n:], counts[n:], valid[n:]
                 done = ids.copy()
                 b = runbytes.part_bytes(qids, done, _tiebreak_rows(done, scores, valid), valid, counts, tag)
                 if b is not None:

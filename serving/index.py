@@ -102,6 +102,8 @@ class DocStore:
         self._all_ids = np.asarray(all_arrow.to_pylist(), dtype=object)
         self.doc_ids: list[np.ndarray] = [self._all_ids[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
         self._bounds = bounds
+        self._arrow, self._rank = all_arrow, rank
+        self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self._text: dict[int, dict[str, list]] = {}
         self._lock = threading.Lock()
@@ -117,6 +119,25 @@ class DocStore:
         """Vectorized ``doc_id`` for an array of docnos."""
         docnos = np.asarray(docnos, dtype=np.int64)
         return self._all_ids[self._bounds[docnos >> 32] + (docnos & 0xFFFFFFFF)].tolist()
+
+    def id_table(self):
+        """Every id as one byte buffer with offsets and str-order ranks (``runbytes.IdTable``,
+        what the run writer formats lines from), or None where some id is not plain ASCII
+        without whitespace. Built at the first call (Arrow's buffers, one check pass)."""
+        if self._id_table is None:
+            from funnel.evaluation import runbytes
+            with self._lock:
+                if self._id_table is None:
+                    arr = self._arrow.cast(pa.large_string()).combine_chunks()
+                    raw, off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
+                    if len(arr):
+                        _, offsets, data = arr.buffers()
+                        off = np.frombuffer(offsets, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+                        raw = np.frombuffer(data, dtype=np.uint8)[off[0]:off[-1]]
+                        off = off - off[0]
+                    table = runbytes.id_table(raw, off, self._rank) if arr.null_count == 0 else None
+                    self._id_table = table if table is not None else False
+        return self._id_table or None
 
     def docno_of(self, doc_id: str) -> int | None:
         by_id = self._by_id

@@ -498,8 +498,10 @@ class _RowsSink:
                 order = np.argsort(hit, axis=1, kind="stable")
                 ids = np.take_along_axis(ids, order, axis=1)
                 score = np.take_along_axis(score, order, axis=1)
+                pos = np.take_along_axis(pos, order, axis=1)
                 cnt = cnt - hit.sum(axis=1)
-        self.parts.append(RunRows(list(qids), ids[:, :k], score[:, :k], np.minimum(cnt, k)))
+        self.parts.append(RunRows(list(qids), ids[:, :k], score[:, :k], np.minimum(cnt, k), pos[:, :k],
+                                  self.searcher.index.docs.id_table()))
 
     def hits(self, qid: str, hits: list[tuple[str, float]]) -> None:
         self.pending[qid] = hits

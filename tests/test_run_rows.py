@@ -100,6 +100,8 @@ def test_searcher_rows_equal_search_batch(demo_index_1, tmp_path, mode, remove_q
         got = {q: list(zip(p.doc_ids[i, :c].tolist(), p.scores[i, :c].tolist()))
                for p in rows for i, (q, c) in enumerate(zip(p.qids, p.counts.tolist()))}
         assert got == run
+        if mode == "bm25":  # ids come with their positions: the compiled lines are written from them
+            assert all((p.names is not None) == runbytes.HAVE_NUMBA for p in rows)
         assert _rows_bytes(tmp_path, rows, mode) == _dict_bytes(tmp_path, {q: dict(h) for q, h in run.items()},
                                                                 mode)
 
@@ -132,7 +134,10 @@ def test_compiled_lines_are_the_python_lines():
     qids = [f"q{'x' * int(rng.integers(0, 9))}{i}" for i in range(n)]
     valid = np.arange(width)[None, :] < counts[:, None]
     got = runbytes.part_bytes(qids, ids, scores, valid, counts, "tag-1")
-    assert got is not None and got == _python_lines(qids, ids, scores, valid, counts, "tag-1")
+    if runbytes.HAVE_NUMBA:
+        assert got == _python_lines(qids, ids, scores, valid, counts, "tag-1")
+    else:  # FUNNEL_NUMBA=0: never the compiled pass
+        assert got is None
 
     one = np.array([[2.5]])
     ok = np.array([[True]])
@@ -177,3 +182,66 @@ def test_compressed_runs_get_the_same_lines(tmp_path):
     p = tmp_path / "rows.trec.gz"
     write_run_rows(p, [rows], tag="t", tiebreak=True)
     assert gzip.decompress(p.read_bytes()) == _dict_bytes(tmp_path, run, "bm25")
+
+
+def _table_rows(seed, n=50, width=120, n_docs=700):
+    """An id table (ids sharing prefixes, so str order is not position order) and rows of
+    positions with descending scores full of ties, as the kernel hands them over."""
+    rng = np.random.default_rng(seed)
+    names = [f"d{rng.integers(0, 10 ** rng.integers(1, 6))}-{i}" if i % 3 else f"D{i % 7}x{i}" for i in range(n_docs)]
+    order = sorted(range(n_docs), key=names.__getitem__)
+    rank = np.empty(n_docs, dtype=np.int64)
+    rank[order] = np.arange(n_docs)
+    data = "".join(names).encode("ascii")
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in names])])
+    table = runbytes.id_table(np.frombuffer(data, dtype=np.uint8), offsets, rank)
+    pos = np.zeros((n, width), dtype=np.int64)
+    scores = np.zeros((n, width))
+    counts = rng.integers(0, width + 1, size=n)
+    counts[0] = width
+    for i in range(n):
+        c = int(counts[i])
+        pos[i, :c] = rng.choice(n_docs, size=c, replace=False)
+        v = np.round(rng.uniform(0.5, 30, c), int(rng.integers(1, 8))) if i % 2 else \
+            7.0 + rng.integers(0, 3, c) * 1e-4 + rng.uniform(0, 4e-5, c)  # long runs of rounded ties
+        scores[i, :c] = np.sort(v)[::-1]  # kernel order: score descending (ties in any order here)
+    ids = np.full((n, width), None, dtype=object)
+    all_ids = np.asarray(names, dtype=object)
+    for i in range(n):
+        ids[i, :counts[i]] = all_ids[pos[i, :counts[i]]]
+    qids = [f"q{i}" for i in range(n)]
+    run = {q: {ids[i, j]: float(scores[i, j]) for j in range(int(counts[i]))} for i, q in enumerate(qids)}
+    return run, RunRows(qids, ids, scores, counts, pos, table)
+
+
+@pytest.mark.parametrize("chunk", [64, 1 << 18])
+def test_rows_with_positions_write_the_dict_paths_bytes(tmp_path, monkeypatch, chunk):
+    """Rows that carry positions into an id table (what ``search_batch_rows`` hands over):
+    the compiled tie-break and lines give the dict path's bytes, formatted in chunks of any
+    size (a row larger than the chunk grows it). Rows it cannot prove (out of order, a
+    score outside [LOW, HIGH)) and every row after them go the general way, same bytes."""
+    monkeypatch.setattr(runbytes, "CHUNK", chunk)
+    run, rows = _table_rows(3)
+    assert (rows.names is not None) == runbytes.HAVE_NUMBA
+    calls = []
+    real = runbytes.write_rows
+    monkeypatch.setattr(runbytes, "write_rows", lambda *a: calls.append(real(*a)) or calls[-1])
+    assert _rows_bytes(tmp_path, [rows], "bm25") == _dict_bytes(tmp_path, run, "bm25")
+    assert calls == ([len(rows.qids)] if runbytes.HAVE_NUMBA else [])
+
+    scores = rows.scores.copy()
+    scores[20, :2] = [1.0, 2.0]  # out of order
+    scores[31, 0] = 2e7  # above HIGH
+    bad = rows._replace(scores=scores)
+    run = {q: {d: float(s) for d, s in zip(bad.doc_ids[i, :c], scores[i, :c])}
+           for i, (q, c) in enumerate(zip(bad.qids, bad.counts.tolist()))}
+    calls.clear()
+    assert _rows_bytes(tmp_path, [bad], "bm25") == _dict_bytes(tmp_path, run, "bm25")
+    assert calls == ([20] if runbytes.HAVE_NUMBA else [])
+
+
+def test_id_tables_refuse_ids_a_run_cannot_hold():
+    ok = runbytes.id_table(np.frombuffer(b"ab", np.uint8), np.array([0, 1, 2]), np.array([0, 1]))
+    assert (ok is not None) == runbytes.HAVE_NUMBA
+    for data, offsets in ((b"a b", [0, 1, 3]), (b"a\xc3\xa9", [0, 1, 3]), (b"ab", [0, 0, 2]), (b"a\tb", [0, 1, 3])):
+        assert runbytes.id_table(np.frombuffer(data, np.uint8), np.array(offsets), np.array([0, 1])) is None
