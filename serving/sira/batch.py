@@ -72,7 +72,8 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
         d_rows, d_w, d_n = np.zeros((n, 0), dtype=np.int64), np.zeros((n, 0)), np.zeros(n, dtype=np.int64)
     V = len(ix.vocab)
     lam = float(cfg.lambda_for(prep.proposer))
-    kernels.sira_batch(meta, proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids, k,
+    imp = bm._impacts(params)  # held while the kernel runs
+    kernels.sira_batch(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids, k,
                        fptr, fg, ftf, fdl, np.asarray(ix.df), short,
                        float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
                        "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
