@@ -309,3 +309,34 @@ def test_queries_below_the_threshold_take_the_pruning_free_kernel(monkeypatch):
                                    for terms in queries)
     got = plain.search_texts(texts, 10)
     assert all(np.array_equal(a, b) for a, b in zip(got, want_batch)) and plain._block_args is not None
+
+
+@needs_numba
+@pytest.mark.parametrize("params", [BM25Params(), BM25Params(1.2, 0.75), BM25Params(0.9, 0.4, length_norm="exact")],
+                         ids=str)
+def test_per_posting_impacts_give_the_grids_answers(monkeypatch, params):
+    """A small index keeps each posting's impact (``_impacts``) and the exhaustive kernels
+    read it; an index above ``IMPACT_POSTINGS`` computes each from the grid. Both must give
+    the same documents, score bits and tie order, per query and in a batch, per-query (k1, b)
+    and exact lengths included; only the default and the latest override stay cached."""
+    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    from funnel.serving import lexical
+    docs, ids, words = _corpus(seed=23)
+    cached, grid = _index(docs, ids, shards=3), _index(docs, ids, shards=3)
+    for r in (cached, grid):
+        r.index.analyzer = Analyzer(AnalyzerConfig(stopwords=False, stemmer="none"))
+        r.prune_min_postings = -1
+    queries = _queries(words, n=120, seed=5)
+    texts = [" ".join(t for t, c in terms.items() for _ in range(c)) for terms in queries]
+    want = {i: _ranked(cached, terms, 10, params) for i, terms in enumerate(queries)}
+    want_batch = cached.search_texts(texts, 10, params)
+    assert cached._impact_args and cached._impacts(params)[0].shape == (3, 2)
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)
+    assert grid._impacts(params)[0].shape == (0, 2)
+    assert {i: _ranked(grid, terms, 10, params) for i, terms in enumerate(queries)} == want
+    assert all(np.array_equal(a, b) for a, b in zip(grid.search_texts(texts, 10, params), want_batch))
+    assert not grid._impact_args
+    monkeypatch.undo()
+    for p in (BM25Params(1.1, 0.5), BM25Params(1.3, 0.6), BM25Params()):
+        cached._impacts(p)
+    assert len(cached._impact_args) == 2 and BM25Params() in cached._impact_args
