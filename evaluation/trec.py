@@ -23,6 +23,7 @@ Files ending in ``.gz`` are read and written gzip-compressed. Malformed lines ra
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -52,6 +53,30 @@ def open_text(path: PathLike, mode: str = "r") -> TextIO:
     if str(path).endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
     return open(path, mode, encoding="utf-8", newline="\n" if "w" in mode else None)
+
+
+@contextlib.contextmanager
+def published_text(path: PathLike) -> Iterator[TextIO]:
+    """A file opened for writing with :func:`open_text` that appears at ``path`` whole or not
+    at all: it is written beside ``path`` under a hidden temporary name and renamed over it
+    once closed, so a run cut short (an error, a full disk, a kill) leaves any earlier file
+    there as it was and no partial one. A path that is not a plain file (``/dev/stdout``, a
+    pipe, a symlink) is written in place."""
+    path = os.fspath(path)
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        with open_text(path, "w") as f:
+            yield f
+        return
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp" + (".gz" if path.endswith(".gz") else ""))
+    try:
+        with open_text(tmp, "w") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
@@ -218,11 +243,12 @@ def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], tag: str) 
     Ranks are 1-based, by score descending, ties by docid ascending (funnel's order;
     trec_eval ignores the rank column). Scores are written with ``repr``, never rounded,
     so that :func:`read_run` gives back exactly the same floats: the file has exactly the
-    ties the run in memory has, and evaluates to the same figures.
+    ties the run in memory has, and evaluates to the same figures. The file appears whole
+    or not at all (:func:`published_text`).
     """
     if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
-    with open_text(path, "w") as f:
+    with published_text(path) as f:
         for qid, docs in run.items():
             # One regex over the query's ids concatenated: one C call per query instead of a
             # Python step per character (write_run was a third of a CLI batch run).
@@ -315,7 +341,7 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     """Write a run given as :class:`RunRows` parts: the same bytes as
     ``write_run(path, run_as_written(run, mode), tag)`` for the same hits, with
     ``tiebreak`` for the modes written the Anserini way (:data:`ANSERINI_MODES`). Returns
-    the number of queries written.
+    the number of queries written. The file appears whole or not at all (:func:`published_text`).
 
     Whole arrays at a time instead of a Python step per hit (the dict path spent about five
     times the retrieval's time in tie-breaking and formatting at k=100): scores rounded
@@ -327,7 +353,7 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
     written = 0
-    with open_text(path, "w") as f:
+    with published_text(path) as f:
         for part in parts:
             qids = [str(q) for q in part.qids]
             ids = np.array(part.doc_ids, dtype=object)  # copies: rows are reordered in place

@@ -245,3 +245,29 @@ def test_id_tables_refuse_ids_a_run_cannot_hold():
     assert (ok is not None) == runbytes.HAVE_NUMBA
     for data, offsets in ((b"a b", [0, 1, 3]), (b"a\xc3\xa9", [0, 1, 3]), (b"ab", [0, 0, 2]), (b"a\tb", [0, 1, 3])):
         assert runbytes.id_table(np.frombuffer(data, np.uint8), np.array(offsets), np.array([0, 1])) is None
+
+
+def test_a_run_cut_short_leaves_the_earlier_file_whole(tmp_path):
+    """The run appears whole or not at all: a write that fails part-way (here a NaN score in
+    the second part, after the first was written) leaves the earlier file as it was and no
+    temporary file beside it; a write that succeeds replaces it. A symlink is written
+    through, in place."""
+    run, rows = _random_rows(4)
+    good = tmp_path / "run.trec"
+    write_run_rows(good, [rows], tag="t", tiebreak=True)
+    before = good.read_bytes()
+    scores = rows.scores.copy()
+    scores[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        write_run_rows(good, [rows, rows._replace(scores=scores)], tag="t", tiebreak=True)
+    with pytest.raises(ValueError, match="NaN"):
+        write_run(good, {"q": {"d": float("nan")}}, tag="t")
+    assert good.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["run.trec"]
+    half = len(rows.qids) // 2
+    write_run_rows(good, [RunRows(rows.qids[:half], rows.doc_ids[:half], rows.scores[:half], rows.counts[:half])],
+                   tag="t", tiebreak=True)
+    assert good.read_bytes() != before and before.startswith(good.read_bytes())
+    link = tmp_path / "link.trec"
+    link.symlink_to(good)
+    write_run_rows(link, [rows], tag="t", tiebreak=True)
+    assert link.is_symlink() and good.read_bytes() == before
