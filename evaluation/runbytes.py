@@ -15,6 +15,7 @@ else returns None and the caller formats in Python (which also raises the errors
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, NamedTuple
 
@@ -62,13 +63,13 @@ CHUNK = 1 << 18
 
 
 def write_rows(write: Callable[[memoryview], object], qids: list[str], positions: np.ndarray,
-               rounded: np.ndarray, counts: np.ndarray, table: IdTable, tag: str) -> int:
+               scores: np.ndarray, counts: np.ndarray, table: IdTable, tag: str) -> int:
     """Anserini's tie-break and the lines of a run part, compiled: ``write``s the bytes
     ``write_run_rows(..., tiebreak=True)`` writes for rows whose ids are ``table``'s at
-    ``positions`` ([n, k] global positions) and whose scores, rounded to 4 decimals as
-    Python rounds, are ``rounded``, best first. Ties (equal rounded scores) are put in id
-    order through ``table.rank``; the i-th of a tie is lowered by i·1e-6 and rounded to 6
-    decimals. Returns how many rows (from the first) it wrote: it stops before a row where
+    ``positions`` ([n, k] global positions) with ``scores``, best first. Each score is
+    rounded to 4 decimals as Python's ``round`` does (:func:`round4`); ties (equal rounded
+    scores) are put in id order through ``table.rank``; the i-th of a tie is lowered by
+    i·1e-6 and rounded to 6 decimals. Returns how many rows (from the first) it wrote: it stops before a row where
     the bytes would not provably be the same (a row not in descending order, a position
     out of range, or a tie-broken score outside [LOW, HIGH), not a 6-decimal value, or near
     a rounding half), and writes nothing where numba is absent or a qid or the tag is not
@@ -86,12 +87,12 @@ def write_rows(write: Callable[[memoryview], object], qids: list[str], positions
     if qoff is None or _split(tb, 1) is None:
         return 0
     positions = np.ascontiguousarray(positions, dtype=np.int64)
-    rounded = np.ascontiguousarray(rounded, dtype=np.float64)
+    scores = np.ascontiguousarray(scores, dtype=np.float64)
     counts = np.asarray(counts, dtype=np.int64)
     out = np.empty(CHUNK, dtype=np.uint8)
     q = 0
     while q < len(qids):
-        p, nxt, need = _run_chunk(qb, qoff, q, positions, rounded, counts, table.data, table.offsets, table.rank,
+        p, nxt, need = _run_chunk(qb, qoff, q, positions, scores, counts, table.data, table.offsets, table.rank,
                                   tb, out)
         if p:
             write(memoryview(out)[:p])
@@ -267,7 +268,28 @@ if HAVE_NUMBA:
         return not abs(y) < 1e12 or abs(y - np.floor(y) - 0.5) < 1e-6
 
     @njit(cache=True, nogil=True)
-    def _run_chunk(qb, qoff, q0, pos, s4, counts, data, offs, rank, tb, out):
+    def _round4(x):
+        """``round(x, 4)`` as Python computes it (the exact binary value rounded to 4
+        decimals, exact halves to even, then the nearest double) for 0 < x < 1e11; NaN
+        elsewhere. x = m·2^(e-53) with m < 2^53 an integer, so x·10^4 = m·625·2^(e-49)
+        exactly, m·625 < 2^63: its integer part and remainder are exact shifts, and the
+        result q/10^4 one correctly rounded division, as Python's string round trip is."""
+        if not (x > 0.0 and x < 1e11):
+            return np.nan
+        f, e = math.frexp(x)  # x = f·2^e, 0.5 <= f < 1
+        prod = np.uint64(f * 9007199254740992.0) * np.uint64(625)  # f·2^53 is exact
+        sh = 49 - e  # x·10^4 = prod / 2^sh; sh >= 12 below 1e11
+        if sh >= 64:
+            return 0.0  # below 1/2 after scaling
+        q = prod >> np.uint64(sh)
+        r = prod & ((np.uint64(1) << np.uint64(sh)) - np.uint64(1))
+        half = np.uint64(1) << np.uint64(sh - 1)
+        if r > half or (r == half and (q & np.uint64(1)) == np.uint64(1)):
+            q += np.uint64(1)
+        return np.float64(q) / 10000.0
+
+    @njit(cache=True, nogil=True)
+    def _run_chunk(qb, qoff, q0, pos, scores, counts, data, offs, rank, tb, out):
         """write_rows' lines from row q0 on into ``out``, whole rows only: (bytes, next row,
         need), need 0 when it stopped at the end or a full buffer, -1 when the next row
         takes the general path, else the buffer size that row needs."""
@@ -309,7 +331,7 @@ if HAVE_NUMBA:
                 return p, q, (bound if p == 0 else 0)
             for j in range(n):
                 x = pos[q, j]
-                s = s4[q, j]
+                s = _round4(scores[q, j])  # NaN outside (0, 1e11): the row goes the general way below
                 if j > 0 and s > row_s[j - 1]:
                     return p, q, -1  # not in order: the general path sorts it
                 # insertion into the run of equal scores by id rank (runs are short)
@@ -356,4 +378,4 @@ if HAVE_NUMBA:
                 p = _put_short(out, p, tail, 0, nt)
         return p, nq, 0
 else:  # pragma: no cover
-    _lines = _run_chunk = _ids_ok = _split = None
+    _lines = _run_chunk = _ids_ok = _split = _round4 = None

@@ -356,24 +356,26 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     with published_text(path) as f:
         for part in parts:
             qids = [str(q) for q in part.qids]
-            ids = np.array(part.doc_ids, dtype=object)  # copies: rows are reordered in place
-            scores = np.array(part.scores, dtype=np.float64)
+            shape = np.shape(part.doc_ids)
             counts = np.asarray(part.counts, dtype=np.int64)
-            if ids.ndim != 2 or ids.shape != scores.shape or counts.shape != (len(qids),) \
-                    or ids.shape[0] != len(qids):
-                raise ValueError(f"run rows: doc_ids {ids.shape}, scores {scores.shape}, counts "
+            if len(shape) != 2 or np.shape(part.scores) != shape or counts.shape != (len(qids),) \
+                    or shape[0] != len(qids):
+                raise ValueError(f"run rows: doc_ids {shape}, scores {np.shape(part.scores)}, counts "
                                  f"{counts.shape} and {len(qids)} qids do not match")
+            n = 0
+            if tiebreak and part.names is not None and np.shape(part.positions) == shape:
+                # straight from the positions: tie-break and lines in one compiled pass
+                f.flush()  # ASCII, so the same bytes as through the text layer
+                n = runbytes.write_rows(f.buffer.write, qids, part.positions, part.scores, counts, part.names, tag)
+                written += n
+                if n == len(qids):
+                    continue
+            # the general way (from the row the compiled pass left, if any)
+            qids, counts = qids[n:], counts[n:]
+            ids = np.array(part.doc_ids[n:], dtype=object)  # copies: rows are reordered in place
+            scores = np.array(part.scores[n:], dtype=np.float64)
             valid = np.arange(ids.shape[1])[None, :] < counts[:, None]
-            if tiebreak and not np.isnan(scores[valid]).any():  # the compiled paths, where they apply
-                if part.names is not None and part.positions is not None and np.shape(part.positions) == ids.shape:
-                    f.flush()  # ASCII, so the same bytes as through the text layer
-                    n = runbytes.write_rows(f.buffer.write, qids, part.positions,
-                                            _round_like_python(scores, TIEBREAK_DECIMALS), counts, part.names, tag)
-                    written += n
-                    if n == len(qids):
-                        continue
-                    # the rest (from a row the compiled pass left) the general way
-                    qids, ids, scores, counts, valid = qids[n:], ids[n:], scores[n:], counts[n:], valid[n:]
+            if tiebreak and not np.isnan(scores[valid]).any():  # the compiled formatter, where it applies
                 done = ids.copy()
                 b = runbytes.part_bytes(qids, done, _tiebreak_rows(done, scores, valid), valid, counts, tag)
                 if b is not None:

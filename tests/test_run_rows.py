@@ -271,3 +271,23 @@ def test_a_run_cut_short_leaves_the_earlier_file_whole(tmp_path):
     link.symlink_to(good)
     write_run_rows(link, [rows], tag="t", tiebreak=True)
     assert link.is_symlink() and good.read_bytes() == before
+
+
+@pytest.mark.skipif(not runbytes.HAVE_NUMBA, reason="the compiled rounding exists only with numba")
+def test_compiled_round4_is_pythons_round_bit_for_bit():
+    """``runbytes._round4`` (the compiled tie-break's rounding) against ``round(x, 4)``: random
+    scores, values a few ulps around every kind of half at the 4th decimal, exact binary
+    halves (odd multiples of 1/32, where half-to-even decides), tiny values and the range
+    ends; NaN outside (0, 1e11)."""
+    rng = np.random.default_rng(8)
+    halves = (rng.integers(0, 10**7, 4000) + 0.5) / 1e4
+    near = np.concatenate([np.nextafter(halves, np.inf), halves, np.nextafter(halves, -np.inf),
+                           np.nextafter(np.nextafter(halves, np.inf), np.inf)])
+    exact = (2 * rng.integers(0, 10**6, 2000) + 1) / 32.0
+    x = np.concatenate([rng.uniform(0, 40, 20000), rng.uniform(0, 1e10, 2000), near, exact,
+                        [1e-300, 5e-5, 4.9999e-5, 5.00001e-5, 1e-4, 0.00015, 2.675, 0.125, 99999999999.99]])
+    x = x[(x > 0) & (x < 1e11)]
+    got = [runbytes._round4(v) for v in x.tolist()]
+    assert got == [round(v, 4) for v in x.tolist()]
+    for bad in (0.0, -1.0, 1e11, np.inf, np.nan):
+        assert np.isnan(runbytes._round4(bad))
