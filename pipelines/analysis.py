@@ -160,6 +160,23 @@ class Analyzer:
                  for seg in _SEGMENT.findall(text) for t in _segment_tokens(seg) if t not in stop]
         return (terms[0] if terms else "") if len(terms) < 2 else tuple(terms)
 
+    def split_words(self, text: str) -> list[str] | None:
+        """The whitespace-separated words :meth:`analyze` analyzes one at a time (its
+        stream is their :meth:`word_terms` in order), or None where it analyzes the text
+        whole (a non-ASCII text with a character that UAX#29 glues to whitespace)."""
+        if not text.isascii() and _GLUED_TO_SPACE.search(text):
+            return None
+        return text.split()
+
+    def word_terms(self, word: str) -> tuple[str, ...]:
+        """The terms of one word of :meth:`split_words`, as :meth:`analyze` emits them."""
+        got = self._words.get(word)
+        if got is None:
+            got = self._analyze_word(word)
+            if len(self._words) < WORD_CACHE_SIZE:
+                self._words[word] = got
+        return (got,) if got.__class__ is str and got else () if got.__class__ is str else got
+
     def analyze(self, text: str) -> list[str]:
         """The token stream Lucene would index for ``text``."""
         if not text.isascii() and _GLUED_TO_SPACE.search(text):

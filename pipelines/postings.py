@@ -30,12 +30,14 @@ import json
 import os
 from array import array
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .analysis import WORD_CACHE_SIZE
 from .artifacts import save_npy_atomic, write_json_atomic
 
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
@@ -87,18 +89,70 @@ class PostingsBuilder:
     bytes per posting while it is built instead of ~100 for lists of every document's
     tokens and Python ints, and the peak follows the shard's postings, not its token
     stream. The result equals :func:`build_postings` of the same token lists.
+
+    :meth:`add_text` analyzes and adds in one step without a Python step per token: each
+    distinct word maps (once) to its terms' ids, a document's ids are appended to a
+    pending int32 stream, and every STREAM_TOKENS tokens the stream becomes postings in
+    one NumPy sort (1M synthetic documents: the build's analysis and inversion ~1/3
+    cheaper). The result equals ``add(analyzer.analyze(text))``'s.
     """
+
+    #: Pending tokens (4 bytes each, 8 while sorted) turned into postings at a time.
+    STREAM_TOKENS = 1 << 22
 
     def __init__(self):
         self.vocab: dict[str, int] = {}
         self.tids, self.dids, self.tfs = array("i"), array("i"), array("i")
         self.doclen = array("i")
+        self._word_ids: dict[str, tuple[int, ...]] = {}  # word -> its terms' ids (add_text)
+        self._stream, self._lens = array("i"), array("i")  # pending documents of add_text
 
     def add(self, tokens: Sequence[str]) -> None:
+        self._flush()
         self.doclen.append(len(tokens))
         add_document(self.vocab, len(self.doclen) - 1, tokens, self.tids, self.dids, self.tfs)
 
+    def add_text(self, text: str, analyzer) -> None:
+        """``add(analyzer.analyze(text))``, faster (see the class docstring)."""
+        words = analyzer.split_words(text)
+        if words is None:
+            return self.add(analyzer.analyze(text))
+        cache = self._word_ids
+        got = list(map(cache.get, words))
+        if None in got:
+            vocab = self.vocab
+            for i, g in enumerate(got):
+                if g is None:
+                    w = words[i]
+                    g = got[i] = tuple([vocab.setdefault(t, len(vocab)) for t in analyzer.word_terms(w)])
+                    if len(cache) < WORD_CACHE_SIZE:
+                        cache[w] = g
+        n0 = len(self._stream)
+        self._stream.extend(chain.from_iterable(got))
+        self._lens.append(len(self._stream) - n0)
+        if len(self._stream) >= self.STREAM_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The pending stream's documents as postings (sorted (term, doc) pairs and counts)."""
+        if not len(self._lens):
+            return
+        lens = np.frombuffer(self._lens, dtype=np.int32)
+        n, first = len(lens), len(self.doclen)
+        key = np.frombuffer(self._stream, dtype=np.int32).astype(np.int64) * n
+        key += np.repeat(np.arange(n, dtype=np.int64), lens)
+        key.sort()
+        if len(key):
+            starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+            self.tfs.frombytes(np.diff(np.append(starts, len(key))).astype(np.int32).tobytes())
+            key = key[starts]
+            self.tids.frombytes((key // n).astype(np.int32).tobytes())
+            self.dids.frombytes((key % n + first).astype(np.int32).tobytes())
+        self.doclen.frombytes(lens.tobytes())
+        self._stream, self._lens = array("i"), array("i")
+
     def finish(self) -> ShardPostings:
+        self._flush()
         vocab = self.vocab
         terms = sorted(vocab)
         # Remap first-seen ids to sorted order, then sort postings by (term, doc).
@@ -109,13 +163,21 @@ class PostingsBuilder:
         did_arr = np.frombuffer(self.dids, dtype=np.int32).copy()
         tf_arr = np.frombuffer(self.tfs, dtype=np.int32).copy()
         self.tids = self.dids = self.tfs = array("i")  # free them before the sort's copies
-        order = np.lexsort((did_arr, tid_arr))
-        tid_arr, did_arr, tf_arr = tid_arr[order], did_arr[order], tf_arr[order]
-        del order
         df = np.bincount(tid_arr, minlength=len(terms)).astype(np.int64)
         cf = np.bincount(tid_arr, weights=tf_arr, minlength=len(terms)).astype(np.int64)
         indptr = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
+        # Postings arrive in document order for every term (documents are added in order;
+        # a stream chunk's pairs are sorted by (term, doc)), so placing each at its term's
+        # next free slot, in arrival order, sorts them by (term, doc): a counting sort
+        # (~30x cheaper than lexsort's two comparison sorts at 12M postings).
+        from funnel.serving import kernels
+        if kernels.HAVE_NUMBA and len(tid_arr):
+            did_arr, tf_arr = kernels.place_postings(tid_arr, did_arr, tf_arr, indptr)
+        else:
+            order = np.lexsort((did_arr, tid_arr))
+            did_arr, tf_arr = did_arr[order], tf_arr[order]
+            del order
         doclen = np.frombuffer(self.doclen, dtype=np.int32).copy()
         return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
 

@@ -58,7 +58,7 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
     hashes = [str(rows["content_hash"][i]) for i in keep]
     builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
     for i, (t, x) in enumerate(zip(titles, texts), start=1):
-        builder.add(analyzer.analyze(flat_document(t, x)))
+        builder.add_text(flat_document(t, x), analyzer)
         if progress is not None and i % PROGRESS_EVERY == 0:
             progress(PROGRESS_EVERY)
     if progress is not None and len(texts) % PROGRESS_EVERY:

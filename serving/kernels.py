@@ -630,6 +630,21 @@ if HAVE_NUMBA:
         return _view(imeta, s, 0, np.float64)
 
     @njit(cache=True, nogil=True)
+    def place_postings(tids, docs, tfs, indptr):
+        """(docs, tfs) with each posting moved to its term's next free slot (``indptr[t]``
+        on), in input order: the build's counting sort (``PostingsBuilder.finish``)."""
+        nxt = indptr[:-1].copy()
+        out_d = np.empty(docs.shape[0], dtype=docs.dtype)
+        out_t = np.empty(tfs.shape[0], dtype=tfs.dtype)
+        for i in range(tids.shape[0]):
+            t = tids[i]
+            j = nxt[t]
+            out_d[j] = docs[i]
+            out_t[j] = tfs[i]
+            nxt[t] = j + 1
+        return out_d, out_t
+
+    @njit(cache=True, nogil=True)
     def posting_impacts(docs, tfs, code, table, itab):
         """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it."""
         cap = itab.shape[0] // table.shape[0]
@@ -1061,3 +1076,4 @@ else:
     block_maxima = None
     sira_batch = None
     posting_impacts = None
+    place_postings = None
