@@ -153,11 +153,23 @@ class Analyzer:
         self._stemmer = porter_stem if self.config.stemmer == "porter" else None
         # word -> its terms: "" for none, the term for one, a tuple for several
         self._words: dict[str, str | tuple[str, ...]] = {}
+        # token -> its stem: distinct words share tokens ("cell," "cell." "cells"), so a
+        # token is stemmed once (SciFact: 122K tokens of 96K distinct words, 38K distinct)
+        self._stems: dict[str, str] = {}
+
+    def _stem(self, token: str) -> str:
+        got = self._stems.get(token)
+        if got is None:
+            got = self._stemmer(token)
+            if len(self._stems) < WORD_CACHE_SIZE:
+                self._stems[token] = got
+        return got
 
     def _analyze_word(self, text: str) -> str | tuple[str, ...]:
-        stem, stop = self._stemmer, self._stopwords
-        terms = [stem(t) if stem is not None else t
-                 for seg in _SEGMENT.findall(text) for t in _segment_tokens(seg) if t not in stop]
+        stem, stop = (self._stem if self._stemmer is not None else None), self._stopwords
+        # An ASCII letters-and-digits word is one UAX#29 segment (WB5, WB8-WB10): no regex.
+        segs = (text,) if text.isascii() and text.isalnum() else _SEGMENT.findall(text)
+        terms = [stem(t) if stem is not None else t for seg in segs for t in _segment_tokens(seg) if t not in stop]
         return (terms[0] if terms else "") if len(terms) < 2 else tuple(terms)
 
     def split_words(self, text: str) -> list[str] | None:
