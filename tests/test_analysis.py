@@ -8,6 +8,7 @@ all 88 cases plus 30 SciFact queries when it is present.
 
 import json
 
+import numpy as np
 import pytest
 
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig, tokenize_raw
@@ -122,3 +123,20 @@ def test_per_word_analysis_equals_whole_text_segmentation():
         text = "".join(rng.choice(pieces) + rng.choice(spaces) for _ in range(rng.randint(1, 12)))
         expected = [porter_stem(t) for t in tokenize_raw(text) if t not in LUCENE_ENGLISH_STOPWORDS]
         assert analyzer.analyze(text) == expected, repr(text)
+
+
+def test_plain_ascii_words_skip_the_segmenter_with_the_same_terms():
+    """An ASCII letters-and-digits word is analyzed without the UAX#29 regex (it is one
+    segment); its terms must equal the segmenting path's, long words (split at the maximum
+    token length) and digits included, with and without stopwords and stemming."""
+    from funnel.pipelines.analysis import _SEGMENT, _segment_tokens
+    rng = np.random.default_rng(4)
+    alphabet = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    words = ["".join(rng.choice(alphabet, size=int(n))) for n in rng.integers(1, 12, 3000)]
+    words += ["a" * 300, "9" * 600, "The", "running", "RUNS", "x1y2", "2024", "and", "s"]
+    for cfg in (AnalyzerConfig(), AnalyzerConfig(stopwords=False, stemmer="none")):
+        a = Analyzer(cfg)
+        for w in words:
+            ref = [a._stemmer(t) if a._stemmer else t for seg in _SEGMENT.findall(w)
+                   for t in _segment_tokens(seg) if t not in a._stopwords]
+            assert a.word_terms(w) == tuple(ref), w
