@@ -914,19 +914,7 @@ if HAVE_NUMBA:
         posting's impact, :func:`posting_impacts`), it is read instead of computed, one load
         instead of three per posting."""
         um = np.uint64(m)
-        if imp.shape[0] > 0:
-            for i in range(local.shape[0]):
-                li = local[i]
-                if li < 0:
-                    continue
-                w = weights[i]
-                for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
-                    d = np.uint64(docs[p])
-                    a = acc[d]
-                    touched[um] = d
-                    um += np.uint64(a == 0.0)
-                    acc[d] = a + w * imp[p]
-            return np.int64(um)
+        stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
         for i in range(local.shape[0]):
@@ -936,17 +924,20 @@ if HAVE_NUMBA:
             w = weights[i]
             for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
                 d = np.uint64(docs[p])
-                tf = np.uint64(tfs[p])
-                c = np.uint64(code[d])
-                if tf < ucap:
-                    imp = itab[tf * nt + c]
+                if stored:
+                    v = imp[p]
                 else:
-                    x = np.float64(tf)
-                    imp = x / (x + table[c])
+                    tf = np.uint64(tfs[p])
+                    c = np.uint64(code[d])
+                    if tf < ucap:
+                        v = itab[tf * nt + c]
+                    else:
+                        x = np.float64(tf)
+                        v = x / (x + table[c])
                 a = acc[d]
                 touched[um] = d
                 um += np.uint64(a == 0.0)
-                acc[d] = a + w * imp
+                acc[d] = a + w * v
         return np.int64(um)
 
     @njit(cache=True, nogil=True)
