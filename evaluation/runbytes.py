@@ -171,8 +171,6 @@ if HAVE_NUMBA:
         off[n] = buf.shape[0] + 1
         return off
 
-    _DIG3 = np.frombuffer("".join(f"{i:03d}" for i in range(1000)).encode("ascii"), dtype=np.uint8).copy()
-
     _TENS = np.array([1, 10, 100, 1000, 10000, 100000, 1000000], dtype=np.int64)
 
     @njit(cache=True, nogil=True, inline="always")
@@ -225,6 +223,17 @@ if HAVE_NUMBA:
             n -= 1
         return n
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _put_score(out, p, m):
+        """Write ``m`` millionths (>= 0) as ``repr`` writes a 6-decimal value: the whole part,
+        a point, the fraction without trailing zeros (at least one digit); returns the end."""
+        whole = m // 1000000
+        frac = m % 1000000
+        p = _put_int(out, p, whole, _digits(whole))
+        out[p] = 46  # .
+        fl = _frac_len(frac)
+        return _put_int(out, p + 1, frac // _TENS[6 - fl], fl)
+
     @njit(cache=True, nogil=True)
     def _lines(qb, nq, idb, n, tb, qrow, cols, micro):
         qoff = _split(qb, nq)
@@ -249,13 +258,7 @@ if HAVE_NUMBA:
             out[p] = 32
             p = _put_int(out, p + 1, cols[i], _digits(cols[i]))
             out[p] = 32
-            m = micro[i]
-            whole = m // 1000000
-            frac = m % 1000000
-            p = _put_int(out, p + 1, whole, _digits(whole))
-            out[p] = 46  # .
-            fl = _frac_len(frac)
-            p = _put_int(out, p + 1, frac // _TENS[6 - fl], fl)
+            p = _put_score(out, p + 1, micro[i])
             out[p] = 32
             p = _put_bytes(out, p + 1, tb, 0, tb.shape[0])
             out[p] = 10
@@ -360,21 +363,7 @@ if HAVE_NUMBA:
                 x = row_p[j]
                 p = _put_short(out, p, data, offs[x], offs[x + 1])
                 p = _put_short(out, p, rtxt, roff[j], roff[j + 1])
-                whole = m // 1000000
-                p = _put_int(out, p, whole, _digits(whole))
-                out[p] = 46  # .
-                frac = m - whole * 1000000
-                hi = (frac // 1000) * 3
-                lo = (frac % 1000) * 3
-                out[p + 1] = _DIG3[hi]
-                out[p + 2] = _DIG3[hi + 1]
-                out[p + 3] = _DIG3[hi + 2]
-                out[p + 4] = _DIG3[lo]
-                out[p + 5] = _DIG3[lo + 1]
-                out[p + 6] = _DIG3[lo + 2]
-                p += 7
-                while out[p - 1] == 48 and out[p - 2] != 46:  # trailing zeros go, one digit stays
-                    p -= 1
+                p = _put_score(out, p, m)
                 p = _put_short(out, p, tail, 0, nt)
         return p, nq, 0
 else:  # pragma: no cover

@@ -187,7 +187,9 @@ class Analyzer:
             got = self._analyze_word(word)
             if len(self._words) < WORD_CACHE_SIZE:
                 self._words[word] = got
-        return (got,) if got.__class__ is str and got else () if got.__class__ is str else got
+        if got.__class__ is str:
+            return (got,) if got else ()
+        return got
 
     def analyze(self, text: str) -> list[str]:
         """The token stream Lucene would index for ``text``."""
