@@ -340,3 +340,38 @@ def test_per_posting_impacts_give_the_grids_answers(monkeypatch, params):
     for p in (BM25Params(1.1, 0.5), BM25Params(1.3, 0.6), BM25Params()):
         cached._impacts(p)
     assert len(cached._impact_args) == 2 and BM25Params() in cached._impact_args
+
+
+@needs_numba
+@pytest.mark.parametrize("k", [1, 10, 32, 33, 100, 250])
+def test_top_k_collector_keeps_the_rankings_best(k):
+    """The exhaustive paths' top-k collector (a heap up to HEAP_K, above it a buffer cut back
+    by quickselect whenever it fills) returns exactly the best k by (score descending, id
+    rank ascending), across several shards' offers, with scores drawn from a few values
+    (long runs of ties) and orders that make the bar rise early, late, or never."""
+    rng = np.random.default_rng(k)
+    for trial in range(12):
+        shards = int(rng.integers(1, 4))
+        sizes = rng.integers(0, 3000, size=shards)
+        rank = rng.permutation(int((sizes + 1).sum())).astype(np.int64)
+        bv, br, bd, tv, tr = kernels._new_top(k)
+        n, want, off = 0, [], 0
+        for s, size in enumerate(sizes):
+            acc = np.zeros(size + 1)
+            ids = rng.permutation(size + 1)[:size].astype(np.int32)
+            vals = rng.integers(0, 6 if trial % 2 else 4000, size=size) / 7.0  # zeros never rank
+            if trial % 3 == 1:
+                vals = np.sort(vals)  # rising: every offer beats the bar
+            elif trial % 3 == 2:
+                vals = np.sort(vals)[::-1].copy()  # falling: the bar is set at once
+            acc[ids] = vals
+            r = rank[off:off + size + 1]
+            base = np.int64(s) << 32
+            n, tv, tr = kernels._offer_scores(acc, ids, size, r, base, bv, br, bd, n, tv, tr, k, True)
+            assert not acc.any()  # every score read was reset
+            want += [(-v, r[d], int(base | d)) for d, v in zip(ids.tolist(), vals.tolist()) if v > 0]
+            off += size + 1
+        dn, sc = kernels._top_sorted(bv, br, bd, n, k)
+        want = sorted(want)[:k]
+        assert dn.tolist() == [d for _, _, d in want]
+        assert sc.tolist() == [-v for v, _, _ in want]
