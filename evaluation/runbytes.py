@@ -15,7 +15,6 @@ else returns None and the caller formats in Python (which also raises the errors
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable, NamedTuple
 
@@ -24,7 +23,9 @@ import numpy as np
 try:
     if os.environ.get("FUNNEL_NUMBA", "1") == "0":
         raise ImportError("disabled by FUNNEL_NUMBA=0")
-    from numba import njit
+    from numba import njit, types
+    from numba.extending import intrinsic
+    from numba.core import cgutils
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised where numba is absent
     HAVE_NUMBA = False
@@ -171,8 +172,6 @@ if HAVE_NUMBA:
         off[n] = buf.shape[0] + 1
         return off
 
-    _TENS = np.array([1, 10, 100, 1000, 10000, 100000, 1000000], dtype=np.int64)
-
     @njit(cache=True, nogil=True, inline="always")
     def _put_bytes(out, p, src, a, b):
         """Copy src[a:b] to out at p (unsigned indices: no wraparound checks); returns the end."""
@@ -182,15 +181,26 @@ if HAVE_NUMBA:
             up += np.uint64(1)
         return np.int64(up)
 
+    @intrinsic
+    def _copy16(typingctx, dst, p, src, a):
+        """16 bytes from src[a:] to dst[p:], as one unaligned move (no bounds check)."""
+        def codegen(context, builder, signature, args):
+            dt, _, st, _ = signature.args
+            darr = context.make_array(dt)(context, builder, args[0])
+            sarr = context.make_array(st)(context, builder, args[2])
+            dptr = builder.gep(darr.data, [args[1]])
+            sptr = builder.gep(sarr.data, [args[3]])
+            cgutils.raw_memcpy(builder, dptr, sptr, context.get_constant(types.intp, 16), 1)
+            return context.get_dummy_value()
+        return types.void(dst, p, src, a), codegen
+
     @njit(cache=True, nogil=True, inline="always")
     def _put_short(out, p, src, a, b):
         """_put_bytes for sources with SLACK readable bytes past any field and outputs with
         SLACK bytes to spare: a field of at most SLACK bytes is one fixed-size copy."""
         if b - a > SLACK:
             return _put_bytes(out, p, src, a, b)
-        up, ua = np.uint64(p), np.uint64(a)
-        for t in range(SLACK):
-            out[up + np.uint64(t)] = src[ua + np.uint64(t)]
+        _copy16(out, p, src, a)
         return p + (b - a)
 
     @njit(cache=True, nogil=True)
@@ -212,27 +222,20 @@ if HAVE_NUMBA:
             u //= np.uint64(10)
         return p + width
 
-    @njit(cache=True, nogil=True)
-    def _frac_len(frac):
-        """Digits of a 6-digit fraction once trailing zeros go (at least one: ``12.0``)."""
-        if frac == 0:
-            return 1
-        n = 6
-        while frac % 10 == 0:
-            frac //= 10
-            n -= 1
-        return n
-
     @njit(cache=True, nogil=True, inline="always")
     def _put_score(out, p, m):
         """Write ``m`` millionths (>= 0) as ``repr`` writes a 6-decimal value: the whole part,
-        a point, the fraction without trailing zeros (at least one digit); returns the end."""
+        a point, the fraction without trailing zeros (at least one digit; written as six and
+        cut back); returns the end."""
         whole = m // 1000000
         frac = m % 1000000
         p = _put_int(out, p, whole, _digits(whole))
         out[p] = 46  # .
-        fl = _frac_len(frac)
-        return _put_int(out, p + 1, frac // _TENS[6 - fl], fl)
+        p = _put_int(out, p + 1, frac, 6)
+        end = p - 5  # at least one fraction digit stays
+        while p > end and out[p - 1] == 48:  # trailing zeros go
+            p -= 1
+        return p
 
     @njit(cache=True, nogil=True)
     def _lines(qb, nq, idb, n, tb, qrow, cols, micro):
@@ -270,18 +273,32 @@ if HAVE_NUMBA:
         """``_round_like_python``'s test: rint(y) may not be Python's rounding of y."""
         return not abs(y) < 1e12 or abs(y - np.floor(y) - 0.5) < 1e-6
 
+    @intrinsic
+    def _bits(typingctx, x):
+        """The IEEE-754 bits of a float64, as a uint64 (a bitcast: no instruction)."""
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(types.uint64))
+        return types.uint64(types.float64), codegen
+
     @njit(cache=True, nogil=True)
     def _round4(x):
         """``round(x, 4)`` as Python computes it (the exact binary value rounded to 4
         decimals, exact halves to even, then the nearest double) for 0 < x < 1e11; NaN
-        elsewhere. x = m·2^(e-53) with m < 2^53 an integer, so x·10^4 = m·625·2^(e-49)
-        exactly, m·625 < 2^63: its integer part and remainder are exact shifts, and the
-        result q/10^4 one correctly rounded division, as Python's string round trip is."""
+        elsewhere. From x's bits, x = mant·2^(ex-1075) with mant < 2^53 an integer, so
+        x·10^4 = mant·625·2^(ex-1071) exactly, mant·625 < 2^63: its integer part and
+        remainder are exact shifts, and the result q/10^4 one correctly rounded division, as
+        Python's string round trip is."""
         if not (x > 0.0 and x < 1e11):
             return np.nan
-        f, e = math.frexp(x)  # x = f·2^e, 0.5 <= f < 1
-        prod = np.uint64(f * 9007199254740992.0) * np.uint64(625)  # f·2^53 is exact
-        sh = 49 - e  # x·10^4 = prod / 2^sh; sh >= 12 below 1e11
+        bits = _bits(x)
+        ex = np.int64(bits >> np.uint64(52))  # the biased exponent (x > 0: no sign bit)
+        mant = bits & np.uint64(0xFFFFFFFFFFFFF)
+        if ex == 0:
+            ex = np.int64(1)  # subnormal: no implicit bit
+        else:
+            mant |= np.uint64(1) << np.uint64(52)
+        prod = mant * np.uint64(625)  # x·10^4 = mant·625·2^(ex - 1071)
+        sh = 1071 - ex  # >= 12 below 1e11
         if sh >= 64:
             return 0.0  # below 1/2 after scaling
         q = prod >> np.uint64(sh)
@@ -355,10 +372,11 @@ if HAVE_NUMBA:
             for j in range(n):
                 dup = dup + 1 if j > 0 and row_s[j] == row_s[j - 1] else 0
                 y = (row_s[j] - dup * 1e-6) * 1e6
-                v = np.rint(y) / 1e6  # round(score - dup·1e-6, 6), as _round_like_python
-                m = np.int64(np.rint(v * 1e6)) if v >= LOW and v < HIGH else np.int64(0)
-                if _near_half(y) or not (v >= LOW and v < HIGH) or m / 1e6 != v:
+                r = np.rint(y)
+                v = r / 1e6  # round(score - dup·1e-6, 6), as _round_like_python
+                if _near_half(y) or not (v >= LOW and v < HIGH):
                     return start, q, -1  # repr would not be these digits: the general path
+                m = np.int64(r)  # v's digits: v is r millionths, correctly rounded
                 p = _put_short(out, p, head, 0, nh)
                 x = row_p[j]
                 p = _put_short(out, p, data, offs[x], offs[x + 1])
