@@ -476,6 +476,21 @@ class _DictSink:
         return self.out
 
 
+class _IdsAt:
+    """``RunRows.doc_ids`` for rows that carry positions: the doc ids at ``pos``, looked up
+    only where indexed (``write_run_rows`` writes from the positions and never asks, which
+    saved a Python object per hit: ~0.6 us a query at k=100)."""
+
+    def __init__(self, lookup: Callable, pos):
+        self.lookup, self.pos, self.shape = lookup, pos, pos.shape
+
+    def __getitem__(self, key):
+        return self.lookup(self.pos[key])
+
+    def __array__(self, dtype=None, copy=None):
+        return self.lookup(self.pos)
+
+
 class _RowsSink:
     """search_batch's result as ``RunRows`` parts (``search_batch_rows``)."""
 
@@ -489,8 +504,12 @@ class _RowsSink:
         from funnel.evaluation.trec import RunRows
         self._flush()
         pos, score, cnt = found
+        if not remove_query:  # the writer reads ids from the positions; none built unless asked
+            self.parts.append(RunRows(list(qids), _IdsAt(self.searcher.bm25.doc_ids_at, pos[:, :k]), score[:, :k],
+                                      np.minimum(cnt, k), pos[:, :k], self.searcher.index.docs.id_table()))
+            return
         ids = self.searcher.bm25.doc_ids_at(pos)
-        if remove_query and len(qids):
+        if len(qids):
             # The query's own document, where retrieved, leaves its row; the rest move up.
             live = np.arange(ids.shape[1])[None, :] < cnt[:, None]
             hit = np.asarray(ids == np.asarray(qids, dtype=object)[:, None], dtype=bool) & live
