@@ -888,8 +888,36 @@ if HAVE_NUMBA:
     def _query_weights(raw, idf):
         """(distinct gids, count · idf) of one query's term ids (with repeats), in the canonical
         order: weight descending, then gid ascending (``np.lexsort((gids, -ws))``)."""
-        ug, cnt = _distinct_counts(raw)
-        return _canonical(ug, cnt, idf)
+        n = raw.shape[0]
+        g = np.empty(n, dtype=np.int64)  # distinct ids ascending, by insertion (queries are short)
+        cnt = np.empty(n)
+        m = 0
+        for i in range(n):
+            x = raw[i]
+            j = m
+            while j > 0 and g[j - 1] > x:
+                j -= 1
+            if j > 0 and g[j - 1] == x:
+                cnt[j - 1] += 1.0
+                continue
+            for t in range(m, j, -1):
+                g[t] = g[t - 1]
+                cnt[t] = cnt[t - 1]
+            g[j] = x
+            cnt[j] = 1.0
+            m += 1
+        og = np.empty(m, dtype=np.int64)  # then by weight descending, stably: ties keep gid order
+        ow = np.empty(m)
+        for i in range(m):
+            w = cnt[i] * idf[g[i]]
+            j = i
+            while j > 0 and ow[j - 1] < w:
+                og[j] = og[j - 1]
+                ow[j] = ow[j - 1]
+                j -= 1
+            og[j] = g[i]
+            ow[j] = w
+        return og, ow
 
     @njit(cache=True, nogil=True)
     def search_batch(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
