@@ -34,7 +34,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, os.path.dirname(__file__))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
-from funnel.serving.lexical import PRUNE_MIN_POSTINGS  # noqa: E402
+from funnel.serving.lexical import IMPACT_POSTINGS, PRUNE_MIN_POSTINGS  # noqa: E402
 
 KS = (10, 100)
 
@@ -210,8 +210,11 @@ def main(argv=None):
             f"{ds}/{sh}: {f['engine']}" for ds, (_, facts, _, _) in results.items() for sh, f in facts.items()) +
         " (the ray engine's time includes starting a local Ray session and a Ray Data shuffle); bm25s "
         "indexes in-process from a list already in memory. funnel's batch path scores every query and "
-        "every shard in one compiled call (impacts of tf < 32 from a per-(k1, b) grid over Lucene's 256 norm bytes, no "
-        f"per-posting impact array); pruning (MaxScore over exact block maxima) engages only where a query has "
+        "every shard in one compiled call (an index of at most "
+        f"{IMPACT_POSTINGS:,} postings, as these, keeps each posting's impact for the (k1, b) in use; larger ones "
+        "read impacts of tf < 32 from a per-(k1, b) grid over Lucene's 256 norm bytes; top k > 32 is kept in a "
+        "buffer cut back by quickselect, smaller k in a heap); pruning (MaxScore over exact block maxima) engages "
+        f"only where a query has "
         f">= {PRUNE_MIN_POSTINGS:,} postings in a shard (shard-queries that pruned, over all passes: " +
         "; ".join(f"{ds}/{sh}: {int(f['pruned_shards'][0])}" for ds, (_, facts, _, _) in results.items()
                   for sh, f in facts.items()) + ")."]
