@@ -144,3 +144,27 @@ def test_search_batch_equals_per_query_on_every_beir_query(ds, ray_session):
     qs = {o["_id"]: o["text"] for o in map(json.loads, open(f"{ddir}/queries.jsonl"))}
     for k in (10, 100):
         assert ix.search_batch(qs, k=k, remove_query=True) == _oracle(ix, qs, k, True)
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: the kernels do not exist")
+def test_query_weights_are_the_canonical_order_short_and_long():
+    """A query's ids (with repeats) become distinct ids with count · idf, ordered by weight
+    descending then id ascending (``np.lexsort((gids, -ws))``, what the per-query path
+    does), both where they are sorted by insertion (up to SMALL_SORT ids) and through sorts
+    above it; repeated idf values make ties; zero weights are dropped by ``_canonical``."""
+    rng = np.random.default_rng(3)
+    idf = rng.choice([0.5, 1.25, 2.0, 3.5], size=400)
+    for n in list(range(0, 20)) + [kernels.SMALL_SORT, kernels.SMALL_SORT + 1, 150, 500]:
+        raw = rng.integers(0, 400 if n % 2 else 40, size=n).astype(np.int64)
+        g, w = kernels._query_weights(raw, idf)
+        ug, cnt = np.unique(raw, return_counts=True)
+        ws = cnt * idf[ug]
+        order = np.lexsort((ug, -ws))
+        assert g.tolist() == ug[order].tolist() and w.tolist() == ws[order].tolist()
+        raw_w = rng.choice([0.0, 1.0, 2.5], size=len(ug))  # _canonical alone, with zero weights
+        perm = rng.permutation(len(ug))  # ids in any order
+        g2, w2 = kernels._canonical(ug[perm], raw_w[perm], idf)
+        keep = raw_w != 0.0
+        ws2 = raw_w[keep] * idf[ug[keep]]
+        order2 = np.lexsort((ug[keep], -ws2))
+        assert g2.tolist() == ug[keep][order2].tolist() and w2.tolist() == ws2[order2].tolist()
