@@ -11,7 +11,6 @@ import pytest
 
 from funnel.pipelines.analysis import _FINGERPRINT_PROBE, Analyzer, AnalyzerConfig
 from funnel.serving import kernels
-from funnel.serving.bm25 import BM25Params
 
 from conftest import need_shared
 from test_bm25_pruning import PARAMS, _corpus, _index
