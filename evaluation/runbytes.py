@@ -182,15 +182,15 @@ if HAVE_NUMBA:
         return np.int64(up)
 
     @intrinsic
-    def _copy16(typingctx, dst, p, src, a):
-        """16 bytes from src[a:] to dst[p:], as one unaligned move (no bounds check)."""
+    def _copy_slack(typingctx, dst, p, src, a):
+        """SLACK bytes from src[a:] to dst[p:], as one unaligned move (no bounds check)."""
         def codegen(context, builder, signature, args):
             dt, _, st, _ = signature.args
             darr = context.make_array(dt)(context, builder, args[0])
             sarr = context.make_array(st)(context, builder, args[2])
             dptr = builder.gep(darr.data, [args[1]])
             sptr = builder.gep(sarr.data, [args[3]])
-            cgutils.raw_memcpy(builder, dptr, sptr, context.get_constant(types.intp, 16), 1)
+            cgutils.raw_memcpy(builder, dptr, sptr, context.get_constant(types.intp, SLACK), 1)
             return context.get_dummy_value()
         return types.void(dst, p, src, a), codegen
 
@@ -200,7 +200,7 @@ if HAVE_NUMBA:
         SLACK bytes to spare: a field of at most SLACK bytes is one fixed-size copy."""
         if b - a > SLACK:
             return _put_bytes(out, p, src, a, b)
-        _copy16(out, p, src, a)
+        _copy_slack(out, p, src, a)
         return p + (b - a)
 
     @njit(cache=True, nogil=True)

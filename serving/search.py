@@ -488,7 +488,8 @@ class _IdsAt:
         return self.lookup(self.pos[key])
 
     def __array__(self, dtype=None, copy=None):
-        return self.lookup(self.pos)
+        ids = self.lookup(self.pos)
+        return ids if dtype is None else ids.astype(dtype, copy=False)
 
 
 class _RowsSink:
@@ -504,23 +505,20 @@ class _RowsSink:
         from funnel.evaluation.trec import RunRows
         self._flush()
         pos, score, cnt = found
-        if not remove_query:  # the writer reads ids from the positions; none built unless asked
-            self.parts.append(RunRows(list(qids), _IdsAt(self.searcher.bm25.doc_ids_at, pos[:, :k]), score[:, :k],
-                                      np.minimum(cnt, k), pos[:, :k], self.searcher.index.docs.id_table()))
-            return
-        ids = self.searcher.bm25.doc_ids_at(pos)
-        if len(qids):
+        lookup = self.searcher.bm25.doc_ids_at
+        if remove_query and len(qids):
             # The query's own document, where retrieved, leaves its row; the rest move up.
+            ids = lookup(pos)
             live = np.arange(ids.shape[1])[None, :] < cnt[:, None]
             hit = np.asarray(ids == np.asarray(qids, dtype=object)[:, None], dtype=bool) & live
             if hit.any():
                 order = np.argsort(hit, axis=1, kind="stable")
-                ids = np.take_along_axis(ids, order, axis=1)
                 score = np.take_along_axis(score, order, axis=1)
                 pos = np.take_along_axis(pos, order, axis=1)
                 cnt = cnt - hit.sum(axis=1)
-        self.parts.append(RunRows(list(qids), ids[:, :k], score[:, :k], np.minimum(cnt, k), pos[:, :k],
-                                  self.searcher.index.docs.id_table()))
+        # The writer reads the ids from the positions: none are built unless asked for.
+        self.parts.append(RunRows(list(qids), _IdsAt(lookup, pos[:, :k]), score[:, :k], np.minimum(cnt, k),
+                                  pos[:, :k], self.searcher.index.docs.id_table()))
 
     def hits(self, qid: str, hits: list[tuple[str, float]]) -> None:
         self.pending[qid] = hits
