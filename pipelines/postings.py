@@ -12,7 +12,8 @@ A shard directory ``lexical/shard-NNNN/`` holds
     term_min_dl.npy int32 [V]         shortest document length in each term's postings (finalize)
     block_*.npy, term_max.npy, term_kth.npy, block_maxima.json
                                       exact block maxima for the default BM25 parameters and the
-                                      collection's avgdl (finalize; serving's pruning reads them)
+                                      collection's avgdl, and each block's last document
+                                      (finalize; serving's pruning reads them)
 
 The last two bound every posting's BM25 factor ``tf/(tf + k1·(1 - b + b·dl/avgdl))`` for
 any (k1, b) and either length encoding (it grows with tf and shrinks with dl), so serving
@@ -43,7 +44,7 @@ from .artifacts import save_npy_atomic, write_json_atomic
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
 BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in older indexes
 # Block maxima for the default BM25 parameters (optional; write_block_maxima).
-BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy")
+BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy", "block_last.npy")
 BLOCK_KEY_FILE = "block_maxima.json"
 
 
@@ -239,10 +240,11 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
 
 
 def load_block_maxima(shard_dir: str) -> tuple[dict, tuple[np.ndarray, ...]] | None:
-    """(what they were computed for, memory-mapped (bstart, bmax, tmax, tkth)) of a shard's
-    stored block maxima; None where the build did not store them."""
+    """(what they were computed for, memory-mapped (bstart, bmax, tmax, tkth, blast)) of a shard's
+    stored block maxima; None where the build did not store them (or stored them before
+    ``block_last.npy`` existed: serving then computes them all)."""
     key_path = os.path.join(shard_dir, BLOCK_KEY_FILE)
-    if not os.path.exists(key_path):
+    if not all(os.path.exists(os.path.join(shard_dir, n)) for n in (BLOCK_KEY_FILE,) + BLOCK_FILES):
         return None
     with open(key_path, encoding="utf-8") as f:
         key = json.load(f)

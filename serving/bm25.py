@@ -140,7 +140,7 @@ class ShardScorer:
         self.avgdl = avgdl
         self._max_tf = arrays.get("term_max_tf")
         self._min_dl = arrays.get("term_min_dl")
-        # (key, (bstart, bmax, tmax, tkth)) block maxima the build stored (load_block_maxima),
+        # (key, (bstart, bmax, tmax, tkth, blast)) block maxima the build stored (load_block_maxima),
         # used by BM25Retriever._blocks when the key matches; None: computed on first use.
         self.stored_blocks = stored_blocks
         self._norms = None

@@ -50,10 +50,12 @@ def impact_tables(params: BM25Params, avgdl: float, max_len: int) -> tuple[np.nd
 
 def block_maxima_key(avgdl: float) -> dict:
     """What stored block maxima were computed for: the default BM25 parameters, the
-    collection's avgdl, the block size and the kept ranks. Serving uses a shard's stored
-    ones only when this matches exactly (otherwise it computes them)."""
+    collection's avgdl, the block size, the kept ranks and the arrays stored. Serving uses a
+    shard's stored ones only when this matches exactly (otherwise it computes them: an index
+    stored before ``block_last`` existed computes them at its first pruning query)."""
     return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
-            "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS]}
+            "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS],
+            "arrays": ["block_start", "block_max", "term_max", "term_kth", "block_last"]}
 
 
 def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:

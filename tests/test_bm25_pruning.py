@@ -200,7 +200,7 @@ def test_block_maxima_are_each_blocks_largest_impact():
     r = _index(docs, ids, shards=1)
     s = r.index.shards[0]
     den, itab = r._table(BM25Params())
-    bstart, bmax, tmax, tkth = kernels.block_maxima(s.indptr, s.docs, s.tfs, s.norms, den, itab, 8)
+    bstart, bmax, tmax, tkth, blast = kernels.block_maxima(s.indptr, s.docs, s.tfs, s.norms, den, itab, 8)
     nk = len(kernels.KTH_BLOCKS)
     for t in range(len(s.indptr) - 1):
         a, e = s.indptr[t], s.indptr[t + 1]
@@ -209,6 +209,8 @@ def test_block_maxima_are_each_blocks_largest_impact():
         want = [imp[i:i + 8].max() for i in range(0, e - a, 8)]
         assert bmax[bstart[t]:bstart[t + 1]].tolist() == want
         assert tmax[t] == imp.max()
+        assert blast[bstart[t]:bstart[t + 1]].tolist() == [s.docs[min(i + 8, e - a) - 1 + a]
+                                                           for i in range(0, e - a, 8)]  # each block's last
         for j, kk in enumerate(kernels.KTH_BLOCKS):
             assert tkth[t * nk + j] == (sorted(want, reverse=True)[kk - 1] if len(want) >= kk else 0.0)
     assert (tkth > 0).any()  # the fixture has terms with enough blocks
@@ -242,12 +244,35 @@ def test_block_max_pruning_skips_postings_and_is_exact():
 
 
 @needs_numba
+def test_block_lookups_find_candidates_anywhere_in_a_skipped_block():
+    """Candidates that a skipped block holds at its first, a middle and its last posting, and
+    in a short last block: the lookup (the block by its last document, then a bisection) must
+    find each, or its score would miss the common term's part. The common term is in every
+    document, so its blocks are runs of 64 consecutive documents."""
+    n = kernels.BLOCK * 12 + 20
+    docs = []
+    for i in range(n):
+        d = ["common"] * (1 + (i // 7) % 3) + [f"w{i % 50}"]
+        if i % kernels.BLOCK in (0, 31, kernels.BLOCK - 1) or i >= n - 3:
+            d += ["rare"] * (1 + (i // kernels.BLOCK) % 2)
+        docs.append(d)
+    ids = [f"doc{i:05d}" for i in range(n)]
+    r = _index(docs, ids, shards=1)
+    for k in (1, 10, 20, 39):
+        r.prune_min_postings = -1
+        exhaustive = _ranked(r, {"rare": 1, "common": 1}, k)
+        r.prune_min_postings = 0
+        assert _ranked(r, {"rare": 1, "common": 1}, k) == exhaustive, k
+    assert r.prune_stats[1] > 0  # the common term's blocks were skipped, its candidates looked up
+
+
+@needs_numba
 def test_theta_from_blocks_is_a_lower_bound_on_the_kth_score():
     docs, ids, words = _corpus(seed=16, n=5000, vocab=60)
     r = _index(docs, ids, shards=2)
     r.prune_min_postings = 0
     r._blocks(BM25Params())
-    tkth = r._block_args[1][3::4]  # each shard's (bstart, bmax, tmax, tkth)
+    tkth = r._block_args[1][3::5]  # each shard's (bstart, bmax, tmax, tkth, blast)
     positive = 0
     for terms in _queries(words, n=120, seed=17):
         gids, ws = r._canonical(terms)

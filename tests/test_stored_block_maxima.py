@@ -65,3 +65,16 @@ def test_serving_reads_stored_block_maxima_and_recomputes_stale_ones(demo_index_
     ix2.bm25.prune_min_postings = 0
     got = ix2.bm25.search_texts(QUERIES, 10)
     assert all(np.array_equal(x, y) for x, y in zip(got, want)) and len(calls) == 1
+
+
+def test_block_maxima_stored_before_block_last_are_not_used(demo_index_1, tmp_path):
+    """An index whose shards were finalized before ``block_last.npy`` existed: its stored
+    block maxima are set aside (serving computes all five arrays), never read half."""
+    import shutil
+    ix = open_index(demo_index_1)
+    src = os.path.join(ix.index.dir, "lexical", shard_name(0))
+    old = tmp_path / "shard"
+    shutil.copytree(src, old)
+    assert load_block_maxima(str(old)) is not None
+    os.remove(old / "block_last.npy")
+    assert load_block_maxima(str(old)) is None
