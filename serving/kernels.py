@@ -206,16 +206,7 @@ if HAVE_NUMBA:
             lo = hi
             step <<= 1
             hi = p + step
-        if hi > end:
-            hi = end
-        lo += 1
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if docs[mid] < target:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _bisect(docs, lo + 1, min(hi, end), target)
 
     @intrinsic
     def _prefetch(typingctx, arr, idx):
