@@ -53,7 +53,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from results import report  # noqa: E402
+from results import recorded_section, report  # noqa: E402
 from synth import ensure, parse_count  # noqa: E402
 
 KS = (10, 100)
@@ -823,6 +823,31 @@ def plot(results: dict, out_dir: str) -> list[str]:
 TITLE = "Scale: synthetic 100K-3M documents, build and BM25 queries vs bm25s and PISA (bench/bench_scale.py)"
 
 
+SUPPLEMENT = "### Supplementary run, separate from the tables above"
+
+
+def carried_runs(recorded: tuple[str, str] | None) -> str:
+    """The runs of the recorded scale section (``results.recorded_section``), as supplements
+    to append under a new run: its main run first (under its own command and date, its
+    ``###`` headings one level down, without the plots line: the new run redraws them),
+    then the supplements it already carried. So ``--write`` adds a run to the record
+    instead of dropping the earlier ones; "" when nothing is recorded."""
+    if recorded is None:
+        return ""
+    stamp, body = recorded
+    i = body.find("\n" + SUPPLEMENT)
+    main, older = (body, "") if i < 0 else (body[:i], body[i:])
+    cmd = re.search(r"Command: (`[^`]+`)", main)
+    j = main.find("### Build")
+    if cmd is None or j < 0:  # not a run this script rendered: keep only what it carried
+        return older.rstrip()
+    tables = "\n".join(line for line in main[j:].splitlines()
+                       if not line.startswith(("Plots:", "Rendered from")))
+    tables = re.sub(r"^### ", "#### ", tables, flags=re.M).strip()
+    return (f"\n\n{SUPPLEMENT}\n\nCommand: {cmd.group(1)} (its own run, measured {stamp}: compare its "
+            f"figures with each other, not with the run above).\n\n{tables}" + older.rstrip())
+
+
 def main(argv=None):
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
         CHILDREN[sys.argv[2]](json.loads(sys.argv[3]))
@@ -847,7 +872,9 @@ def main(argv=None):
                    help="indexes, logs and results.json (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the indexes (default: delete each after its size)")
     p.add_argument("--plots", default=os.path.join(HERE, "plots"), help="PNG folder (default bench/plots)")
-    p.add_argument("--write", action="store_true", help="record the 'scale' section of bench/RESULTS.md")
+    p.add_argument("--write", action="store_true",
+                   help="record the 'scale' section of bench/RESULTS.md (the runs recorded there are kept "
+                        "below it as supplements)")
     p.add_argument("--from-results", metavar="JSON", default=None,
                    help="run nothing: print (and with --write record) the tables and plots of a saved "
                         "results.json, under the command that measured it")
@@ -872,7 +899,7 @@ def main(argv=None):
             sup_args.skip = [s for s in sup_args.skip.split(",") if s]
             text = render(sup["results"], sup_args, sup.get("pisa_why"), sup["command"])
             tables = [line for line in text.splitlines() if line.startswith(("|", "- ")) or not line.strip()]
-            body += (f"\n\n### Supplementary run, separate from the tables above\n\nCommand: `{sup['command']}` "
+            body += (f"\n\n{SUPPLEMENT}\n\nCommand: `{sup['command']}` "
                      "(its own run: compare its figures with each other, not with the run above).\n\n" +
                      re.sub(r"\n{3,}", "\n\n", "\n".join(tables)).strip())
         report("scale", TITLE, body + f"\n\nRendered from {a.from_results}, the results of that run (last written "
@@ -895,7 +922,8 @@ def main(argv=None):
         with open(os.path.join(a.work, "results.json"), "w") as f:
             json.dump({"command": command, "pisa_why": pisa_why, "results": results}, f, indent=1)
     paths = plot(results, a.plots)
-    report("scale", TITLE, render(results, a, pisa_why, command), a.write)
+    carried = carried_runs(recorded_section("scale")) if a.write else ""
+    report("scale", TITLE, render(results, a, pisa_why, command) + carried, a.write)
     print("plots: " + ", ".join(paths))
 
 

@@ -55,3 +55,27 @@ def test_results_are_printed_not_written_without_write(tmp_path, monkeypatch, ca
     results.report("x", "A title", "| a | b |", write=True)
     text = target.read_text()
     assert "old" not in text and text.count("<!-- x:start -->") == 1 and "## A title" in text
+
+
+def test_scale_write_keeps_the_recorded_runs_as_supplements():
+    """``bench_scale.py --write`` records a new run above the ones already recorded: the old
+    main run becomes the first supplement (its command, its date, no plots line: the new run
+    redraws the plots), the supplements it carried follow unchanged."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import bench_scale
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert bench_scale.carried_runs(None) == ""
+    old = ("Machine: x. Command: `.venv/bin/python bench/bench_scale.py --sizes 1m`. All figures below.\n\n"
+           "### Build\n\n| docs | system |\n|---:|---|\n| 1,000,000 | funnel |\n\n"
+           "### Queries\n\n| docs | k |\n|---:|---:|\n| 1,000,000 | 10 |\n\n"
+           "Plots: `bench/plots/scale_qps.png`.\n\n"
+           f"{bench_scale.SUPPLEMENT}\n\nCommand: `older` (its own run).\n\n| 3,000,000 | pisa |")
+    got = bench_scale.carried_runs(("2026-11-23 23:52", old))
+    assert got.count(bench_scale.SUPPLEMENT) == 2
+    first, second = got.split(bench_scale.SUPPLEMENT)[1:]
+    assert "`.venv/bin/python bench/bench_scale.py --sizes 1m`" in first and "2026-11-23 23:52" in first
+    assert "#### Build" in first and "#### Queries" in first and "| 1,000,000 | 10 |" in first
+    assert "Plots:" not in got and "Machine:" not in got
+    assert "Command: `older`" in second and "| 3,000,000 | pisa |" in second
