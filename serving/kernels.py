@@ -224,9 +224,9 @@ if HAVE_NUMBA:
         return types.void(arr, idx), codegen
 
     @njit(cache=True, nogil=True, inline="always")
-    def _prefetch_block(docs, tfs, q0):
-        """Prefetch one block's docs and tfs (64 int32 each: four 64-byte lines apiece)."""
-        for x in range(0, BLOCK, 16):
+    def _prefetch_block(docs, tfs, q0, block):
+        """Prefetch the ``block`` docs and tfs from q0 on (int32: 16 to a 64-byte line)."""
+        for x in range(0, block, 16):
             _prefetch(docs, q0 + x)
             _prefetch(tfs, q0 + x)
 
@@ -712,7 +712,7 @@ if HAVE_NUMBA:
                         bq = _gallop(lasts, ba, bend, cand[ja])
                         if bq < bend:
                             ba = bq
-                            _prefetch_block(docs, tfs, a0 + bq * block)
+                            _prefetch_block(docs, tfs, a0 + bq * block, block)
                         ja += 1
                     d = cand[j]
                     # The block that may hold d, by its last document, then d inside it.
