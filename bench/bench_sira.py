@@ -45,10 +45,13 @@ def _env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def _index(ds: str):
+def _index(ds: str, shards: int | None = 4):
+    """The index of set ``ds`` with vectors: 4 shards at .funnel/indexes/NAME (as `funnel eval`
+    builds it), or with ``shards=None`` the count the build chooses (.funnel/indexes/NAME-auto)."""
     from funnel.serving.cli import ensure_index
     from funnel.serving.search import open_index
-    return open_index(ensure_index(os.path.join(DATA, ds), None, True, 4))
+    root = None if shards == 4 else os.path.join(".funnel", "indexes", f"{ds}-{shards or 'auto'}")
+    return open_index(ensure_index(os.path.join(DATA, ds), root, True, shards))
 
 
 def _evaluate(ix, queries, qrels, mode, **opts):
@@ -60,19 +63,27 @@ def _evaluate(ix, queries, qrels, mode, **opts):
 
 # -- speed ---------------------------------------------------------------------------------
 
-def speed(datasets, repeats: int, llm_queries: int = 0) -> str:
+def speed(datasets, repeats: int, llm_queries: int = 0, shard_counts=(None, 4)) -> str:
     from funnel.evaluation.trec import read_queries
     from funnel.serving.hybrid import prefill_query_vectors
     lines = ["Command: `.venv/bin/python bench/bench_sira.py --write`. Every query of queries.jsonl, "
              "k=100, batch API (`search_batch`: for prf, dense and union one compiled call per chunk, "
              "`serving/sira/batch.py`), one process, best of "
              f"{repeats} interleaved passes each; SIRA with its chosen defaults and no LLM. Baseline: funnel's BM25 "
-             "batch path on the same queries. The dense proposer's query embedding (MiniLM-L6, CPU) is "
-             "computed once before timing; its cost per query is the last column.", "",
-             "| dataset | queries | BM25 ms/q | SIRA proposer | SIRA ms/q | ratio SIRA/BM25 | query embedding ms/q |",
-             "|---|---:|---:|---|---:|---:|---:|"]
-    for ds in datasets:
-        ix = _index(ds)
+             "batch path on the same queries and index. The dense proposer's query embedding (MiniLM-L6, CPU) "
+             "is computed once before timing; its cost per query is the last column. Each set on two indexes: "
+             "the shard count `funnel build` chooses (auto: 1 for these sizes) and 4 shards (what `funnel eval` "
+             "builds); each extra shard adds a fixed cost per pass over the shards, and SIRA makes four "
+             "(feedback scoring, feedback top, expansion scoring, top k) where BM25 makes two."
+             + (f" The llm rows: the first {llm_queries} queries through the per-query path (the llm proposer "
+                "has no compiled batch path), the sketches cached by a first pass so no LLM time is timed, "
+                "against BM25's batch path on the same queries." if llm_queries else ""), "",
+             "| dataset | shards | queries | BM25 ms/q | SIRA proposer | SIRA ms/q | ratio SIRA/BM25 | "
+             "query embedding ms/q |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for ds, shards in itertools.product(datasets, shard_counts):
+        ix = _index(ds, shards)
+        label = f"{len(ix.index.shards)}" + (" (auto)" if shards is None else "")
         qs = read_queries(os.path.join(DATA, ds, "queries.jsonl"))
         ix.dense_mode.dense().cache_size = len(qs) + 16  # every query vector stays cached: none is timed
         t = time.perf_counter()
@@ -93,8 +104,11 @@ def speed(datasets, repeats: int, llm_queries: int = 0) -> str:
         for i, p in enumerate(OFFLINE, start=1):
             ms = per_q[i]
             emb = f"{embed_ms:.2f}" if p != "prf" else "—"
-            lines.append(f"| {ds} | {len(qs)} | {bm:.3f} | {p} | {ms:.3f} | {ms / bm:.2f}× | {emb} |")
-            print(f"{ds}: bm25 {bm:.3f} ms/q, sira-{p} {ms:.3f} ms/q, ratio {ms / bm:.2f}x", flush=True)
+            lines.append(f"| {ds} | {label} | {len(qs)} | {bm:.3f} | {p} | {ms:.3f} | {ms / bm:.2f}× | {emb} |")
+            print(f"{ds}, {label} shards: bm25 {bm:.3f} ms/q, sira-{p} {ms:.3f} ms/q, ratio {ms / bm:.2f}x",
+                  flush=True)
+        if shards != 4:  # the llm row and the per-stage medians once per set, on the 4-shard index
+            continue
         if llm_queries:
             lines.append(_speed_llm(ds, qs, llm_queries, repeats))
         stages: dict[str, list[float]] = {}
@@ -102,7 +116,7 @@ def speed(datasets, repeats: int, llm_queries: int = 0) -> str:
             for st, v in ix.search(q, mode="sira", k=100, proposer="prf", explain=False).trace["timings_ms"].items():
                 stages.setdefault(st, []).append(v)
         med = {st: sorted(v)[len(v) // 2] for st, v in stages.items()}
-        lines.append(f"| {ds} | 300 | | prf, median per stage of one `search()` (ms) | "
+        lines.append(f"| {ds} | {label} | 300 | | prf, median per stage of one `search()` (ms) | "
                      + ", ".join(f"{st} {v:.3f}" for st, v in med.items()) + " | | |")
     return "\n".join(lines + [""])
 
@@ -126,10 +140,11 @@ def _speed_llm(ds: str, qs: dict, n: int, repeats: int) -> str:
                 ix.search_batch(sub, mode=mode, k=100, **opts)
                 best = min(best, time.perf_counter() - t)
             times[mode] = best * 1000 / len(sub)
+        shards = len(ix.index.shards)
         del ix
     print(f"{ds}: bm25 {times['bm25']:.3f} ms/q, sira-llm (sketch cached) {times['sira']:.3f} ms/q, "
           f"ratio {times['sira'] / times['bm25']:.2f}x; LLM {llm_ms:.0f} ms/q", flush=True)
-    return (f"| {ds} | {len(sub)} | {times['bm25']:.3f} | llm, sketch cached (LLM time excluded; "
+    return (f"| {ds} | {shards} | {len(sub)} | {times['bm25']:.3f} | llm, sketch cached (LLM time excluded; "
             f"SmolLM2-135M took {llm_ms:.0f} ms/q) | {times['sira']:.3f} | "
             f"{times['sira'] / times['bm25']:.2f}× | — |")
 
@@ -344,6 +359,9 @@ def main(argv=None) -> int:
                         "(default: 0, none; ~1-3 s per query on a 2-core CPU)")
     p.add_argument("--enriched", action="append", default=[], metavar="NAME=INDEX_ROOT",
                    help="--test: also the rows on this corpus-enriched index of set NAME (repeatable)")
+    p.add_argument("--shards", default="auto,4",
+                   help="speed: shard counts of the indexes timed, comma-separated, 'auto' for the build's "
+                        "choice (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="speed: passes per configuration, best kept (default: 3)")
     p.add_argument("--write", action="store_true", help="rewrite this benchmark's section(s) of bench/RESULTS.md")
     a = p.parse_args(argv)
@@ -357,7 +375,9 @@ def main(argv=None) -> int:
         name, title, body = ("sira-test", "SIRA: test quality vs BM25",
                              test_table(datasets, a.runs, a.llm_queries, enriched))
     else:
-        name, title, body = "sira-speed", "SIRA: query time vs plain BM25", speed(datasets, a.repeats, a.llm_queries)
+        counts = tuple(None if x == "auto" else int(x) for x in a.shards.split(",") if x)
+        name, title, body = ("sira-speed", "SIRA: query time vs plain BM25",
+                             speed(datasets, a.repeats, a.llm_queries, counts))
     print(body)
     if a.write:
         from results import write_section
