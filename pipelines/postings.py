@@ -233,7 +233,7 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
     from funnel.serving.bm25 import norm_bytes
     from funnel.serving.lexical import block_maxima_key, default_block_maxima
     arrays = default_block_maxima(a["indptr"], a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl)
-    for name, arr in zip(BLOCK_FILES, arrays):
+    for name, arr in zip(BLOCK_FILES, arrays, strict=True):
         save_npy_atomic(os.path.join(shard_dir, name), arr)
     write_json_atomic(os.path.join(shard_dir, BLOCK_KEY_FILE), block_maxima_key(avgdl))
     return True
