@@ -47,7 +47,8 @@ def _env() -> None:
 
 def _index(ds: str, shards: int | None = 4):
     """The index of set ``ds`` with vectors: 4 shards at .funnel/indexes/NAME (as `funnel eval`
-    builds it), or with ``shards=None`` the count the build chooses (.funnel/indexes/NAME-auto)."""
+    builds it), another count at .funnel/indexes/NAME-N, or with ``shards=None`` the count the
+    build chooses (.funnel/indexes/NAME-auto)."""
     from funnel.serving.cli import ensure_index
     from funnel.serving.search import open_index
     root = None if shards == 4 else os.path.join(".funnel", "indexes", f"{ds}-{shards or 'auto'}")
@@ -107,10 +108,10 @@ def speed(datasets, repeats: int, llm_queries: int = 0, shard_counts=(None, 4)) 
             lines.append(f"| {ds} | {label} | {len(qs)} | {bm:.3f} | {p} | {ms:.3f} | {ms / bm:.2f}× | {emb} |")
             print(f"{ds}, {label} shards: bm25 {bm:.3f} ms/q, sira-{p} {ms:.3f} ms/q, ratio {ms / bm:.2f}x",
                   flush=True)
-        if shards != 4:  # the llm row and the per-stage medians once per set, on the 4-shard index
+        if shards != shard_counts[-1]:  # the llm row and the per-stage medians once per set
             continue
         if llm_queries:
-            lines.append(_speed_llm(ds, qs, llm_queries, repeats))
+            lines.append(_speed_llm(ds, ix.root, qs, llm_queries, repeats))
         stages: dict[str, list[float]] = {}
         for q in list(qs.values())[:300]:
             for st, v in ix.search(q, mode="sira", k=100, proposer="prf", explain=False).trace["timings_ms"].items():
@@ -121,13 +122,13 @@ def speed(datasets, repeats: int, llm_queries: int = 0, shard_counts=(None, 4)) 
     return "\n".join(lines + [""])
 
 
-def _speed_llm(ds: str, qs: dict, n: int, repeats: int) -> str:
+def _speed_llm(ds: str, root: str, qs: dict, n: int, repeats: int) -> str:
     """The llm proposer with its sketches already cached (LLM time excluded) vs BM25."""
     from funnel.serving.chat import LocalLlamaServer
     from funnel.serving.search import open_index
     sub = dict(list(qs.items())[:n])
     with LocalLlamaServer(n_ctx=1024) as llm:
-        ix = open_index(os.path.join(".funnel", "indexes", ds), chat=llm.chat(timeout=120))
+        ix = open_index(root, chat=llm.chat(timeout=120))
         t = time.perf_counter()
         ix.search_batch(sub, mode="sira", k=100, proposer="llm")   # fills the sketch cache
         llm_ms = (time.perf_counter() - t) * 1000 / len(sub)
@@ -345,6 +346,18 @@ def test_table(datasets, runs_dir: str, llm_queries: int, enriched: dict[str, st
     return "\n".join(lines + [""])
 
 
+def _shard_counts(text: str) -> tuple[int | None, ...]:
+    """--shards: 'auto' or a positive integer, comma-separated (None stands for auto)."""
+    out = []
+    for x in (x.strip() for x in text.split(",")):
+        if x == "auto" or (x.isdigit() and int(x) > 0):
+            out.append(None if x == "auto" else int(x))
+        else:
+            raise argparse.ArgumentTypeError(f"{x!r} is not a shard count: give 'auto' or a positive integer, "
+                                             "comma-separated, e.g. auto,4")
+    return tuple(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Nothing is written to bench/RESULTS.md unless --write is given.")
@@ -359,7 +372,7 @@ def main(argv=None) -> int:
                         "(default: 0, none; ~1-3 s per query on a 2-core CPU)")
     p.add_argument("--enriched", action="append", default=[], metavar="NAME=INDEX_ROOT",
                    help="--test: also the rows on this corpus-enriched index of set NAME (repeatable)")
-    p.add_argument("--shards", default="auto,4",
+    p.add_argument("--shards", default="auto,4", type=_shard_counts,
                    help="speed: shard counts of the indexes timed, comma-separated, 'auto' for the build's "
                         "choice (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="speed: passes per configuration, best kept (default: 3)")
@@ -375,9 +388,8 @@ def main(argv=None) -> int:
         name, title, body = ("sira-test", "SIRA: test quality vs BM25",
                              test_table(datasets, a.runs, a.llm_queries, enriched))
     else:
-        counts = tuple(None if x == "auto" else int(x) for x in a.shards.split(",") if x)
         name, title, body = ("sira-speed", "SIRA: query time vs plain BM25",
-                             speed(datasets, a.repeats, a.llm_queries, counts))
+                             speed(datasets, a.repeats, a.llm_queries, a.shards))
     print(body)
     if a.write:
         from results import write_section
