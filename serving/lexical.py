@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
+from ..pipelines.postings import BLOCK_FILES
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from .index import IndexVersion
 
@@ -55,7 +56,7 @@ def block_maxima_key(avgdl: float) -> dict:
     stored before ``block_last`` existed computes them at its first pruning query)."""
     return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
             "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS],
-            "arrays": ["block_start", "block_max", "term_max", "term_kth", "block_last"]}
+            "arrays": [name.removesuffix(".npy") for name in BLOCK_FILES]}
 
 
 def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:
