@@ -55,6 +55,11 @@ UNLOCKED_GRACE_S = 600                  # gc leaves a staging folder with no loc
 _VERSION_RE = re.compile(r"v[0-9]{6}")  # used with fullmatch: no trailing newline, ASCII digits
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _NOT_VERSION_FILES = {MANIFEST, MANIFEST_SUM, BUILD_LOCK}
+# Rows per row group of docs/*.parquet. Serving decodes one group for each document it shows
+# and keeps a bounded number of groups (``serving.index.DocStore``): at 1M synthetic documents
+# of ~800 bytes a group of 256 took 0.9 ms to read where one of 8,192 took 20 ms; the file
+# grew 3% (154 against 150 MiB a shard).
+DOCS_ROW_GROUP = 256
 READERS = ".readers"                    # INDEX_ROOT/.readers/: one lease file per open version
 #: A reader's lease lasts this long unless renewed (every third of it, in the background).
 READER_LEASE_S = float(os.environ.get("FUNNEL_READER_LEASE_S") or 300)

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
+from .artifacts import DOCS_ROW_GROUP
 from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
 from .postings import POSTING_FILES, ShardPostings, add_document, write_shard
 from .shard import corpus_fingerprint_part, shard_name
@@ -234,7 +235,7 @@ def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:
         "shard": pa.array(np.full(n, shard, dtype=np.int32)),
         "local_id": pa.array(np.arange(n, dtype=np.int32)),
     })
-    pq.write_table(table, os.path.join(out_dir, "docs", f"{shard_name(shard)}.parquet"), row_group_size=8192)
+    pq.write_table(table, os.path.join(out_dir, "docs", f"{shard_name(shard)}.parquet"), row_group_size=DOCS_ROW_GROUP)
 
 
 # -- pass 2: one shard -------------------------------------------------------------------

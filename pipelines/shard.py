@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
+from .artifacts import DOCS_ROW_GROUP
 from .postings import PostingsBuilder, write_shard
 
 #: Documents analyzed between two ``progress`` calls of :func:`build_lexical_shard`.
@@ -73,7 +74,7 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
         "shard": pa.array(np.full(len(keep), shard, dtype=np.int32)),
         "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
     })
-    pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=8192)
+    pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=DOCS_ROW_GROUP)
     os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
     with open(os.path.join(work_dir, "rejects", f"{name}.json"), "w") as f:
         json.dump(rejects, f)

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Callable, Generic, TypeVar
 
@@ -80,10 +81,23 @@ def _read_parquet(path: str, columns: list[str], **kw) -> pa.Table:
         raise _damaged(path, e) from e
 
 
-class DocStore:
-    """Documents by docno, from ``docs/shard-NNNN.parquet``; text columns load lazily per shard."""
+#: Bytes of decoded document text a ``DocStore`` keeps (``FUNNEL_DOC_CACHE_MIB``, default 1024).
+DOC_CACHE_BYTES = int(float(os.environ.get("FUNNEL_DOC_CACHE_MIB") or 1024) * 2 ** 20)
+_TEXT_COLUMNS = ("title", "text", "content_hash")
 
-    def __init__(self, version_dir: str, n_shards: int):
+
+class DocStore:
+    """Documents by docno, from ``docs/shard-NNNN.parquet``.
+
+    Ids load at open; a document's text is read with its parquet row group (``DOCS_ROW_GROUP``
+    rows) the first time it is asked for, and decoded groups stay in an LRU bounded by
+    ``cache_bytes`` of their text. Memory no longer grows with the corpus: keeping a whole
+    shard's text as Python strings once one of its documents was shown held ~1 GiB at 1M
+    synthetic documents (``bench/bench_hybrid_scale.py``). A corpus smaller than the bound
+    ends up wholly cached, as before.
+    """
+
+    def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None):
         import pyarrow.compute as pc
         self.dir = os.path.join(version_dir, "docs")
         self.n_shards = n_shards
@@ -105,7 +119,10 @@ class DocStore:
         self._arrow, self._rank = all_arrow, rank
         self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
-        self._text: dict[int, dict[str, list]] = {}
+        self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}  # shard: (file, row group starts)
+        self._groups: OrderedDict[tuple[int, int], tuple[dict[str, list], int]] = OrderedDict()
+        self._cached = 0  # text bytes in self._groups
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -150,23 +167,63 @@ class DocStore:
                 by_id = self._by_id
         return by_id.get(doc_id)
 
-    def _columns(self, shard: int) -> dict[str, list]:
-        cols = self._text.get(shard)
-        if cols is None:
-            with self._lock:
-                cols = self._text.get(shard)
-                if cols is None:
-                    t = _read_parquet(os.path.join(self.dir, f"{shard_name(shard)}.parquet"),
-                                      columns=["title", "text", "content_hash"], memory_map=True)
-                    cols = {c: t.column(c).to_pylist() for c in ("title", "text", "content_hash")}
-                    self._text[shard] = cols
-        return cols
+    def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray, int]:
+        """The shard's docs file, the first row of each of its row groups (+ the row count),
+        and its decoded size by the file's metadata; call with the lock held."""
+        got = self._files.get(shard)
+        if got is None:
+            path = os.path.join(self.dir, f"{shard_name(shard)}.parquet")
+            try:
+                pf = pq.ParquetFile(path, memory_map=True)
+                md = pf.metadata
+                groups = [md.row_group(g) for g in range(md.num_row_groups)]
+                starts = np.cumsum([0] + [rg.num_rows for rg in groups])
+                size = sum(rg.total_byte_size for rg in groups)
+            except (OSError, ValueError, pa.ArrowException) as e:
+                raise _damaged(path, e) from e
+            got = self._files[shard] = (pf, starts, size)
+        return got
+
+    def _keep(self, key: tuple[int, int], t: pa.Table) -> tuple[dict[str, list], int]:
+        """Cache a decoded row group (lock held), evicting the least recently used beyond the bound."""
+        hit = self._groups[key] = ({c: t.column(c).to_pylist() for c in _TEXT_COLUMNS}, t.nbytes)
+        self._cached += t.nbytes
+        while self._cached > self.cache_bytes and len(self._groups) > 1:
+            self._cached -= self._groups.popitem(last=False)[1][1]
+        return hit
+
+    def _row(self, shard: int, i: int) -> tuple[dict[str, list], int]:
+        """(the decoded text columns of the row group holding the shard's row ``i``, i's row there).
+
+        At a shard's first miss, the whole shard is read when it fits in the bound beside
+        what is cached (one read, as a small corpus wants); otherwise only the group."""
+        with self._lock:
+            pf, starts, size = self._file(shard)
+            if not 0 <= i < starts[-1]:
+                raise IndexError(f"shard {shard} has {starts[-1]} documents, no document {i}")
+            g = int(np.searchsorted(starts, i, side="right")) - 1
+            key = (shard, g)
+            hit = self._groups.get(key)
+            if hit is not None:
+                self._groups.move_to_end(key)
+                return hit[0], i - int(starts[g])
+            whole = self._cached + size <= self.cache_bytes
+            try:
+                t = pf.read(columns=list(_TEXT_COLUMNS)) if whole else pf.read_row_group(g, columns=list(_TEXT_COLUMNS))
+            except (OSError, ValueError, pa.ArrowException) as e:
+                raise _damaged(os.path.join(self.dir, f"{shard_name(shard)}.parquet"), e) from e
+            if not whole:
+                return self._keep(key, t)[0], i - int(starts[g])
+            for h in range(len(starts) - 1):
+                if h != g and (shard, h) not in self._groups:
+                    self._keep((shard, h), t.slice(starts[h], starts[h + 1] - starts[h]))
+            return self._keep(key, t.slice(starts[g], starts[g + 1] - starts[g]))[0], i - int(starts[g])
 
     def get(self, n: int) -> dict:
         s, i = split_docno(n)
-        cols = self._columns(s)
-        return {"doc_id": self.doc_ids[s][i], "title": cols["title"][i], "text": cols["text"][i],
-                "content_hash": cols["content_hash"][i], "shard": s, "local_id": i}
+        cols, r = self._row(s, i)
+        return {"doc_id": self.doc_ids[s][i], "title": cols["title"][r], "text": cols["text"][r],
+                "content_hash": cols["content_hash"][r], "shard": s, "local_id": i}
 
 
 class IndexVersion:

@@ -1,0 +1,73 @@
+"""The document store reads text a parquet row group at a time and keeps a bounded number of
+decoded groups: whatever the bound, every document comes back whole and correct."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from funnel.jobs.build_index import build
+from funnel.pipelines.artifacts import DOCS_ROW_GROUP
+from funnel.serving.index import DocStore
+from funnel.serving.result import split_docno
+
+from conftest import write_jsonl
+
+N_DOCS = 2 * DOCS_ROW_GROUP + 188  # three row groups, the last one short
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("docstore")
+    rows = [{"_id": f"d{i:04d}", "title": f"title {i}", "text": f"document {i} says " + "word " * (i % 17)}
+            for i in range(N_DOCS)]
+    corpus = write_jsonl(tmp / "corpus.jsonl", rows)
+    root = str(tmp / "ix")
+    build(corpus, root, shards=1, engine="local")
+    with open(os.path.join(root, "CURRENT")) as f:
+        vdir = os.path.join(root, f.read().strip())
+    return vdir, {r["_id"]: r for r in rows}
+
+
+def _docnos(store: DocStore) -> list[int]:
+    n = len(store)
+    # Interleaved across the row groups, so that a small cache keeps evicting and re-reading.
+    order = sorted(range(n), key=lambda i: (i % 7, i))
+    return [(0 << 32) + i for i in order]
+
+
+def test_docs_file_has_row_groups_of_the_declared_size(built):
+    vdir, _ = built
+    md = pq.ParquetFile(os.path.join(vdir, "docs", "shard-0000.parquet")).metadata
+    assert md.num_row_groups == math.ceil(N_DOCS / DOCS_ROW_GROUP) == 3
+    assert [md.row_group(g).num_rows for g in range(3)] == [DOCS_ROW_GROUP, DOCS_ROW_GROUP, 188]
+
+
+@pytest.mark.parametrize("cache_bytes", [1, 10 ** 9])
+def test_every_document_comes_back_whole_whatever_the_cache_bound(built, cache_bytes):
+    vdir, rows = built
+    store = DocStore(vdir, 1, cache_bytes=cache_bytes)
+    seen = set()
+    for n in _docnos(store):
+        d = store.get(n)
+        want = rows[d["doc_id"]]
+        assert (d["title"], d["text"]) == (want["title"], want["text"])
+        assert (d["shard"], d["local_id"]) == split_docno(n)
+        assert d["doc_id"] == store.doc_id(n)
+        seen.add(d["doc_id"])
+    assert seen == set(rows)
+    if cache_bytes == 1:  # the bound holds: the group just read is all that stays
+        assert len(store._groups) == 1
+    else:
+        assert len(store._groups) == 3
+    assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
+
+
+def test_a_local_id_past_the_shard_is_an_index_error(built):
+    vdir, _ = built
+    store = DocStore(vdir, 1)
+    with pytest.raises(IndexError, match="has 700 documents"):
+        store.get(N_DOCS)
