@@ -91,10 +91,11 @@ class DocStore:
 
     Ids load at open; a document's text is read with its parquet row group (``DOCS_ROW_GROUP``
     rows) the first time it is asked for, and decoded groups stay in an LRU bounded by
-    ``cache_bytes`` of their text. Memory no longer grows with the corpus: keeping a whole
-    shard's text as Python strings once one of its documents was shown held ~1 GiB at 1M
-    synthetic documents (``bench/bench_hybrid_scale.py``). A corpus smaller than the bound
-    ends up wholly cached, as before.
+    ``cache_bytes`` of their text. Memory no longer grows with the corpus without a limit:
+    keeping a whole shard's text as Python strings once one of its documents was shown held
+    957 MiB after five BM25 queries at 1M synthetic documents. A shard that fits beside what
+    is cached is still read whole at its first miss, so a corpus below the bound ends up
+    wholly cached, as before.
     """
 
     def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None):
@@ -120,7 +121,7 @@ class DocStore:
         self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
-        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}  # shard: (file, row group starts)
+        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray, int]] = {}  # shard: (file, group starts, size)
         self._groups: OrderedDict[tuple[int, int], tuple[dict[str, list], int]] = OrderedDict()
         self._cached = 0  # text bytes in self._groups
         self._lock = threading.Lock()
