@@ -162,15 +162,19 @@ if HAVE_NUMBA:
         return -1
 
     @njit(cache=True, nogil=True)
-    def _kth_vals(vals, m, k):
-        """k-th largest of vals[:m] (m >= k), through a size-k min-heap: one pass, and after
-        the heap fills most values cost one compare. Callers gather ``acc[ids]`` into
-        ``vals`` once (``_gather``) and reuse it for the filter that follows, which then reads
-        no score at random again."""
+    def _kth_vals(vals, m, k, floor=0.0):
+        """max(floor, k-th largest of vals[:m]) (m >= k), through a size-k min-heap of the
+        values above ``floor``: one pass, and most values cost one compare. The callers pass
+        theta, a lower bound they already hold: values at or below it cannot raise it and
+        never enter the heap (with the floor, 0.889x time at 1M, k=100; 0.970x at k=10).
+        Callers gather ``acc[ids]`` into ``vals`` once (``_gather``) and reuse it for the
+        filter that follows, which then reads no score at random again."""
         heap = np.empty(k)
         n = 0
         for j in range(m):
             v = vals[j]
+            if v <= floor:
+                continue
             if n < k:
                 i = n
                 n += 1
@@ -194,7 +198,7 @@ if HAVE_NUMBA:
                     heap[i] = heap[c]
                     i = c
                 heap[i] = v
-        return heap[0]
+        return heap[0] if n == k else floor
 
     @njit(cache=True, nogil=True)
     def _gallop(docs, p, end, target):
@@ -475,7 +479,7 @@ if HAVE_NUMBA:
         more; returns (count kept, theta)."""
         vals = _gather(acc, cand, c)  # one random read of acc per candidate, not two
         if c >= k:
-            theta = max(theta, _kth_vals(vals, c, k))
+            theta = max(theta, _kth_vals(vals, c, k, theta))
         n = 0
         for j in range(c):
             if vals[j] + r >= theta:
@@ -596,7 +600,7 @@ if HAVE_NUMBA:
                 if r < theta or (m >= k and r < maxacc):
                     th = theta
                     if m >= k and r >= theta:
-                        th = max(th, _kth_vals(_gather(acc, touched, m), m, k))
+                        th = max(th, _kth_vals(_gather(acc, touched, m), m, k, th))
                     if r < th:
                         theta = th
                         switch_at = i + 1
@@ -768,7 +772,7 @@ if HAVE_NUMBA:
                 if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m):
                     vals = _gather(acc, touched, m)
                     nv = m
-                    theta = max(theta, _kth_vals(vals, m, k))  # partial scores: lower bounds
+                    theta = max(theta, _kth_vals(vals, m, k, theta))  # partial scores: lower bounds
                 continue
             # Sorted candidates: readable blocks whole; between them, only where a candidate is.
             readable = np.empty(nb, dtype=np.int64)
