@@ -1035,6 +1035,50 @@ if HAVE_NUMBA:
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
+    def _split_weights(qgids, qraw, a, s, b, idf):
+        """(gids, raw · idf) of one weighted query of ``search_batch_weighted``: the terms
+        ``qgids[a:s]`` first, then ``qgids[s:b]``, each group in the canonical order, as
+        ``BM25Retriever.search_arrays(terms, k, params, then)`` orders them."""
+        g1, w1 = _canonical(qgids[a:s], qraw[a:s], idf)
+        g2, w2 = _canonical(qgids[s:b], qraw[s:b], idf)
+        n1 = g1.shape[0]
+        gids = np.empty(n1 + g2.shape[0], dtype=np.int64)
+        ws = np.empty(n1 + g2.shape[0])
+        gids[:n1] = g1
+        gids[n1:] = g2
+        ws[:n1] = w1
+        ws[n1:] = w2
+        return gids, ws
+
+    @njit(cache=True, nogil=True)
+    def search_batch_weighted(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr,
+                              qsplit, qgids, qraw, k, prune_min, stats, out_pos, out_score, out_n):
+        """Many weighted queries in one call, each exactly as ``search_shards`` answers it
+        through ``search_arrays``: query ``q``'s distinct terms are ``qgids[qptr[q]:qptr[q + 1]]``
+        with weights ``qraw`` (before idf; zeros dropped), those before ``qsplit[q]`` scored
+        first (SIRA's query, then its expansion). Outputs as ``search_batch``."""
+        for q in range(qptr.shape[0] - 1):
+            out_n[q] = 0
+            gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
+            if gids.shape[0] == 0:
+                continue
+            dn, sc = search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
+                                   prune_min if ws.min() > 0 else -1, stats)
+            _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+
+    @njit(cache=True, nogil=True)
+    def search_batch_weighted_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr,
+                                    qsplit, qgids, qraw, k, out_pos, out_score, out_n):
+        """``search_batch_weighted`` through :func:`search_shards_plain`."""
+        for q in range(qptr.shape[0] - 1):
+            out_n[q] = 0
+            gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
+            if gids.shape[0] > 0:
+                dn, sc = search_shards_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab,
+                                             gids, ws, k)
+                _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+
+    @njit(cache=True, nogil=True)
     def _query_weights(raw, idf):
         """(distinct gids, count · idf) of one query's term ids (with repeats), in the canonical
         order: weight descending, then gid ascending (``np.lexsort((gids, -ws))``)."""

@@ -132,6 +132,11 @@ class BM25Retriever:
         instead of ~16 s at the first query of a fresh install), and no block maxima are built."""
         return self.prune_min_postings >= 0 and postings >= self.prune_min_postings
 
+    def _batch_may_prune(self, qptr: np.ndarray, qgids: np.ndarray) -> bool:
+        """``_may_prune`` for the batch's largest query (its terms' df summed)."""
+        sums = np.concatenate(([0], np.cumsum(np.asarray(self.index.df)[qgids]))) if len(qgids) else np.zeros(1)
+        return self._may_prune(int((sums[qptr[1:]] - sums[qptr[:-1]]).max()))
+
     def _blocks(self, params: BM25Params) -> np.ndarray:
         """``bmeta`` for the kernel: each shard's block maxima (``kernels.block_maxima``) for
         the default (k1, b), computed at the first query that uses them (one pass over the
@@ -258,9 +263,7 @@ class BM25Retriever:
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
             den, itab = self._table(params)
-            df = np.asarray(self.index.df)
-            sums = np.concatenate(([0], np.cumsum(df[qgids]))) if len(qgids) else np.zeros(1, dtype=np.int64)
-            if self._may_prune(int((sums[qptr[1:]] - sums[qptr[:-1]]).max())):
+            if self._batch_may_prune(qptr, qgids):
                 kernels.search_batch(meta, self._blocks(params), proto, doc_off, id_rank, acc, touched, den, itab,
                                      self.index.idf,
                                      qptr, qgids, k, self.prune_min_postings, self.prune_stats, pos, score, cnt)
@@ -270,14 +273,62 @@ class BM25Retriever:
                                            self.index.idf,
                                            qptr, qgids, k, pos, score, cnt)
             return pos, score, cnt
+        return self._rows([(dict(self.query_terms(text)), None) for text in texts], k, params, (pos, score, cnt))
+
+    def _rows(self, queries: list, k: int, params: BM25Params, out: tuple) -> tuple:
+        """The batch outputs filled one ``search_arrays`` call per (terms, then) query."""
+        pos, score, cnt = out
         offsets = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
-        for i, text in enumerate(texts):
-            dn, sc = self.search_arrays(dict(self.query_terms(text)), k, params)
+        for i, (terms, then) in enumerate(queries):
+            dn, sc = self.search_arrays(terms, k, params, then)
             m = len(dn)
             pos[i, :m] = offsets[dn >> 32] + (dn & 0xFFFFFFFF)
             score[i, :m] = sc
             cnt[i] = m
         return pos, score, cnt
+
+    def search_weighted_batch(self, queries: list[tuple[dict[str, float], dict[str, float] | None]], k: int,
+                              params: BM25Params | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top ``k`` of many weighted queries ``(terms, then)``, as :meth:`search_texts`
+        returns them: row ``i``'s first ``counts[i]`` entries are exactly ``search_arrays(
+        terms, k, params, then)``. One compiled call for the whole batch where the kernel is
+        in use (SIRA with a proposer that runs per query, e.g. the llm's, scores its chunk
+        this way); the reference path otherwise."""
+        params = params or _DEFAULT
+        n = len(queries)
+        out = (np.zeros((n, k), dtype=np.int64), np.zeros((n, k)), np.zeros(n, dtype=np.int64))
+        if n == 0 or not self._use_kernel():
+            return self._rows(queries, k, params, out)
+        vocab = self.index.vocab
+        ptr, split, gids, raw = [0], [], [], []
+
+        def add(group: dict[str, float]) -> None:  # what ``weights`` keeps, before idf
+            for t, w in group.items():
+                g = vocab.get(t)
+                if g is not None and w != 0:
+                    gids.append(g)
+                    raw.append(w)
+
+        for terms, then in queries:
+            add(terms)
+            split.append(len(gids))
+            if then:
+                add(then)
+            ptr.append(len(gids))
+        qptr, qsplit = np.asarray(ptr, dtype=np.int64), np.asarray(split, dtype=np.int64)
+        qgids, qraw = np.asarray(gids, dtype=np.int64), np.asarray(raw, dtype=np.float64)
+        meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
+        acc, touched = self._buffers()
+        den, itab = self._table(params)
+        if self._batch_may_prune(qptr, qgids):
+            kernels.search_batch_weighted(meta, self._blocks(params), proto, doc_off, id_rank, acc, touched, den,
+                                          itab, self.index.idf, qptr, qsplit, qgids, qraw, k,
+                                          self.prune_min_postings, self.prune_stats, *out)
+        else:
+            imp = self._impacts(params)
+            kernels.search_batch_weighted_plain(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab,
+                                                self.index.idf, qptr, qsplit, qgids, qraw, k, *out)
+        return out
 
     def weights(self, terms: dict[str, float]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(global ids, w·idf, terms) for the terms the collection knows."""

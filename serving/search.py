@@ -265,27 +265,25 @@ class VersionSearcher:
             return out.result()
         run_mode = self.modes()[mode]
         if mode == "sira":
-            from .sira import prepare, sira_arrays
+            from .sira import prepare
             from .sira.batch import batch_available
             sira = prepare(self, options)
             if batch_available(self, sira):  # prf / dense / their union: one compiled call
                 self._sira_batch(queries, depth, k, sira, checked, remove_query, out)
-                return out.result()
+            else:  # a proposer that runs per query (llm): expansions in Python, scoring batched
+                self._sira_expanded_batch(queries, depth, k, sira, checked, remove_query, out)
+            return out.result()
         items = list(queries.items())
         for start in range(0, len(items), 256):
             chunk = [(qid, q) for qid, q in ((qid, checked(qid, q)) for qid, q in items[start:start + 256])
                      if q is not None]
             if not chunk:
                 continue
-            if mode in ("dense", "hybrid") or (mode == "sira" and "dense" in sira.sources):
+            if mode in ("dense", "hybrid"):
                 from .hybrid import prefill_query_vectors
                 self._need_dense(mode)
                 prefill_query_vectors(self, [q for _, q in chunk])
             for qid, q in chunk:
-                if mode == "sira":  # arrays end to end, as bm25: no trace, no explanations
-                    dn, sc = sira_arrays(self, q, depth, sira)
-                    out.hits(qid, finish(qid, list(zip(self.index.docs.doc_ids_of(dn), sc.tolist()))))
-                    continue
                 scored = run_mode(q, depth, options)[0]
                 out.hits(qid, finish(qid, [(self.index.docs.doc_id(s.docno), s.score) for s in scored]))
         return out.result()
@@ -317,6 +315,26 @@ class VersionSearcher:
                 from .hybrid import prefill_query_vectors
                 prefill_query_vectors(self, chunk)
             out.arrays(qids[start:start + step], search_texts(self, chunk, depth, prep), k, remove_query)
+
+    def _sira_expanded_batch(self, queries: Mapping[str, str], depth: int, k: int, prep,
+                             checked: Callable[[str, Any], str | None], remove_query: bool, out) -> None:
+        """search_batch's sira path where a proposer runs per query (the llm's; any proposer
+        without numba): each query expanded as ``sira.mode.expand`` does for a single query
+        (proposers, DF filter), then a chunk's weighted queries scored in one compiled call
+        (``BM25Retriever.search_weighted_batch``), the same hits as ``sira_arrays`` per query."""
+        from .sira.mode import expand
+        qids, texts = self._valid_texts(queries, checked)
+        texts = [q.strip() for q in texts]  # as ``search`` prompts the chat model (its cache key)
+        step = min(256, max(1, BATCH_CELLS // depth))
+        for start in range(0, len(texts), step):
+            chunk = texts[start:start + step]
+            if "dense" in prep.sources:
+                from .hybrid import prefill_query_vectors
+                prefill_query_vectors(self, chunk)
+            xs = [expand(self, q, prep) for q in chunk]
+            out.arrays(qids[start:start + step],
+                       self.bm25.search_weighted_batch([(x.query_weights, x.expansion_weights) for x in xs], depth,
+                                                       prep.params), k, remove_query)
 
     def _valid_texts(self, queries: Mapping[str, str], checked: Callable[[str, Any], str | None]
                      ) -> tuple[list[str], list[str]]:

@@ -168,3 +168,31 @@ def test_the_local_smollm2_sketch_drives_sira(tiny_index):
     assert 1 <= len(phrases) <= 10 and all(isinstance(p, str) and p.strip() for p in phrases)
     assert all(p["source"] == "llm" and p["reason"] for p in tr["proposals"])
     assert res.trace["timings_ms"]["llm"] > 0 and res.hits
+
+
+def test_search_batch_with_the_llm_equals_each_query_alone(server, tiny_index):
+    """The llm proposer runs per query, but ``search_batch`` scores the whole chunk's expanded
+    queries in one compiled call (``search_weighted_batch``): every query must get exactly
+    what the per-query path (``sira_arrays``) returns, including a query with no known word
+    (the scripted sketch alone finds its documents) and one with surrounding spaces."""
+    from funnel.serving.sira import prepare, sira_arrays
+    server.app.state.plan = []
+    ix = open_index(tiny_index, chat=_chat(server))
+    qs = {o["_id"]: o["text"] for o in map(json.loads, open(os.path.join(FIXTURE, "queries.jsonl")))}
+    qs.update({"vitd": QUERY, "unknown": "zzqx qqzv", "padded": "  calcium intake  "})
+    bm, saved = ix.bm25, ix.bm25.prune_min_postings
+    cases = [({"tau": 0.1, "lambda": 0.5}, saved), ({"tau": 0.5, "lambda": 2.0, "k1": 0.9, "b": 0.4}, saved),
+             ({"tau": 0.1, "lambda": 0.5}, 0)]  # 0: the pruning kernels, forced on this tiny index
+    for opts, prune_min in cases:
+        bm.prune_min_postings = prune_min
+        prep = prepare(ix, {"proposer": "llm", **opts})
+        assert prep.sources == ("llm",)
+        for k in (3, 100):
+            got = ix.search_batch(qs, mode="sira", k=k, proposer="llm", **opts)
+            want = {}
+            for qid, q in qs.items():
+                dn, sc = sira_arrays(ix, q.strip(), k, prep)
+                want[qid] = list(zip(ix.index.docs.doc_ids_of(dn), sc.tolist()))
+            assert got == want
+            assert all(len(h) > 0 for h in got.values())
+    bm.prune_min_postings = saved

@@ -68,22 +68,24 @@ def df_filter(tokens: Sequence[str], query_terms: Collection[str], df_of: Callab
     if not tokens:
         return Verdict(False, "no searchable words (stopwords or punctuation only)", {})
     qset = query_terms if isinstance(query_terms, (set, frozenset, dict)) else set(query_terms)
+    df: dict[str, int] = {}  # every window holding a new token: sub_ngrams' order, each key once
     if len(tokens) == 1:  # the common case (feedback terms): one window
-        keys = [] if tokens[0] in qset else [tokens[0]]
+        if tokens[0] not in qset:
+            df[tokens[0]] = int(df_of(tokens[0]))
     else:
-        keys = [ngram_key(w) for w in sub_ngrams(tokens, max_n) if not all(t in qset for t in w)]
-    if not keys:
-        return Verdict(False, "adds nothing: every word is already in the query", {})
-    ceiling = tau * n_docs
-    df = {}
-    for key in keys:
-        if key not in df:
-            df[key] = int(df_of(key))
-    present = [d for d in df.values() if d >= 1]
-    if not present:
+        new = [t not in qset for t in tokens]
+        for n in range(1, max_n + 1):
+            for i in range(len(tokens) - n + 1):
+                if True in new[i:i + n]:
+                    key = tokens[i] if n == 1 else ngram_key(tokens[i:i + n])
+                    if key not in df:
+                        df[key] = int(df_of(key))
+    if not df:
+        return Verdict(False, "adds nothing: every word is already in the query", df)
+    rarest = min((d for d in df.values() if d >= 1), default=0)
+    if not rarest:
         return Verdict(False, "not in the index (df 0)", df)
-    rarest = min(present)
+    ceiling = tau * n_docs
     if rarest > ceiling:
         return Verdict(False, f"too common: df {rarest} > tau*N = {ceiling:g}", df)
-    terms = tuple(k for k, d in df.items() if d >= 1)
-    return Verdict(True, f"kept: df {rarest} <= tau*N = {ceiling:g}", df, terms)
+    return Verdict(True, f"kept: df {rarest} <= tau*N = {ceiling:g}", df, tuple(k for k, d in df.items() if d >= 1))
