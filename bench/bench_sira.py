@@ -76,8 +76,9 @@ def speed(datasets, repeats: int, llm_queries: int = 0, shard_counts=(None, 4)) 
              "the shard count `funnel build` chooses (auto: 1 for these sizes) and 4 shards (what `funnel eval` "
              "builds); each extra shard adds a fixed cost per pass over the shards, and SIRA makes four "
              "(feedback scoring, feedback top, expansion scoring, top k) where BM25 makes two."
-             + (f" The llm rows: the first {llm_queries} queries through the per-query path (the llm proposer "
-                "has no compiled batch path), the sketches cached by a first pass so no LLM time is timed, "
+             + (f" The llm rows: the first {llm_queries} queries through `search_batch` (each query's sketch "
+                "and DF filter in Python, then the chunk's weighted queries in one compiled call), the "
+                "sketches cached by a first pass so no LLM time is timed, "
                 "against BM25's batch path on the same queries." if llm_queries else ""), "",
              "| dataset | shards | queries | BM25 ms/q | SIRA proposer | SIRA ms/q | ratio SIRA/BM25 | "
              "query embedding ms/q |",
