@@ -514,6 +514,18 @@ if HAVE_NUMBA:
         bounds[nruns] = n
         return out, bounds, n
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _merge2(a, i, a_end, b, j, b_end, out, z):
+        """Merge sorted a[i:a_end] and b[j:b_end] (no value in both) into out from z on."""
+        while i < a_end or j < b_end:
+            if j >= b_end or (i < a_end and a[i] < b[j]):
+                out[z] = a[i]
+                i += 1
+            else:
+                out[z] = b[j]
+                j += 1
+            z += 1
+
     @njit(cache=True, nogil=True)
     def _merge_runs(a, bounds, nruns, n):
         """``a[:n]`` sorted, given that each ``a[bounds[x]:bounds[x + 1]]`` is: pairwise merges."""
@@ -532,17 +544,7 @@ if HAVE_NUMBA:
                     nb += 1
                     x += 1
                     continue
-                mid = bounds[x + 1]
-                hi = bounds[x + 2]
-                i = lo
-                j = mid
-                for z in range(lo, hi):
-                    if j >= hi or (i < mid and a[i] < a[j]):
-                        b[z] = a[i]
-                        i += 1
-                    else:
-                        b[z] = a[j]
-                        j += 1
+                _merge2(a, lo, bounds[x + 1], a, bounds[x + 1], bounds[x + 2], b, lo)
                 bounds[nb] = lo
                 nb += 1
                 x += 2
@@ -835,15 +837,7 @@ if HAVE_NUMBA:
                 p = p1
             if nn > 0:  # merge the new documents (in doc order, none a candidate) into cand
                 merged = np.empty(c + nn, dtype=np.int64)
-                x = 0
-                y = 0
-                for z in range(c + nn):
-                    if y >= nn or (x < c and cand[x] < new[y]):
-                        merged[z] = cand[x]
-                        x += 1
-                    else:
-                        merged[z] = new[y]
-                        y += 1
+                _merge2(cand, 0, c, new, 0, nn, merged, 0)
                 cand = merged
                 c += nn
             c, theta = _prune_candidates(acc, cand, c, k, rest[i + 1], theta)
