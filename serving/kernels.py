@@ -514,17 +514,18 @@ if HAVE_NUMBA:
         bounds[nruns] = n
         return out, bounds, n
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=True, nogil=True)
     def _merge2(a, i, a_end, b, j, b_end, out, z):
-        """Merge sorted a[i:a_end] and b[j:b_end] (no value in both) into out from z on."""
-        while i < a_end or j < b_end:
+        """Merge sorted a[i:a_end] and b[j:b_end] (no value in both) into out from z on. Not
+        inlined: inlined as a while loop, the block-max kernel took ~2% longer at 1M (paired
+        A/B), though merging is ~0.2% of its cycles; called, no difference."""
+        for z in range(z, z + (a_end - i) + (b_end - j)):
             if j >= b_end or (i < a_end and a[i] < b[j]):
                 out[z] = a[i]
                 i += 1
             else:
                 out[z] = b[j]
                 j += 1
-            z += 1
 
     @njit(cache=True, nogil=True)
     def _merge_runs(a, bounds, nruns, n):
