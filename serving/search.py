@@ -268,10 +268,9 @@ class VersionSearcher:
             from .sira import prepare
             from .sira.batch import batch_available
             sira = prepare(self, options)
-            if batch_available(self, sira):  # prf / dense / their union: one compiled call
-                self._sira_batch(queries, depth, k, sira, checked, remove_query, out)
-            else:  # a proposer that runs per query (llm): expansions in Python, scoring batched
-                self._sira_expanded_batch(queries, depth, k, sira, checked, remove_query, out)
+            # prf / dense / their union: one compiled call; a proposer that runs per query (llm):
+            # expansions in Python, scoring batched
+            self._sira_batch(queries, depth, k, sira, checked, remove_query, out, batch_available(self, sira))
             return out.result()
         items = list(queries.items())
         for start in range(0, len(items), 256):
@@ -301,11 +300,17 @@ class VersionSearcher:
         return sink.result()
 
     def _sira_batch(self, queries: Mapping[str, str], depth: int, k: int, prep,
-                    checked: Callable[[str, Any], str | None], remove_query: bool, out) -> None:
-        """search_batch's sira path for the offline proposers (``sira.batch``): as the bm25
-        path, each chunk in one compiled call, the dense proposer's queries embedded first."""
+                    checked: Callable[[str, Any], str | None], remove_query: bool, out, compiled: bool) -> None:
+        """search_batch's sira path, a chunk at a time (the dense proposer's queries embedded
+        first). ``compiled``: the offline proposers' one compiled call per chunk (``sira.batch``);
+        otherwise (the llm proposer, or no numba) each query is expanded as ``sira.mode.expand``
+        does for a single query (proposers, DF filter) and the chunk's weighted queries are
+        scored in one compiled call (``BM25Retriever.search_weighted_batch``): the same hits as
+        ``sira_arrays`` per query either way."""
         from .sira.batch import search_texts
+        from .sira.mode import expand
         qids, texts = self._valid_texts(queries, checked)
+        texts = [q.strip() for q in texts]  # as ``search`` sees it (the chat model's prompt and cache key)
         step = max(1, BATCH_CELLS // depth)
         if "dense" in prep.sources:  # query vectors embedded a chunk at a time
             step = min(step, 256)
@@ -314,27 +319,13 @@ class VersionSearcher:
             if "dense" in prep.sources:
                 from .hybrid import prefill_query_vectors
                 prefill_query_vectors(self, chunk)
-            out.arrays(qids[start:start + step], search_texts(self, chunk, depth, prep), k, remove_query)
-
-    def _sira_expanded_batch(self, queries: Mapping[str, str], depth: int, k: int, prep,
-                             checked: Callable[[str, Any], str | None], remove_query: bool, out) -> None:
-        """search_batch's sira path where a proposer runs per query (the llm's; any proposer
-        without numba): each query expanded as ``sira.mode.expand`` does for a single query
-        (proposers, DF filter), then a chunk's weighted queries scored in one compiled call
-        (``BM25Retriever.search_weighted_batch``), the same hits as ``sira_arrays`` per query."""
-        from .sira.mode import expand
-        qids, texts = self._valid_texts(queries, checked)
-        texts = [q.strip() for q in texts]  # as ``search`` prompts the chat model (its cache key)
-        step = min(256, max(1, BATCH_CELLS // depth))
-        for start in range(0, len(texts), step):
-            chunk = texts[start:start + step]
-            if "dense" in prep.sources:
-                from .hybrid import prefill_query_vectors
-                prefill_query_vectors(self, chunk)
-            xs = [expand(self, q, prep) for q in chunk]
-            out.arrays(qids[start:start + step],
-                       self.bm25.search_weighted_batch([(x.query_weights, x.expansion_weights) for x in xs], depth,
-                                                       prep.params), k, remove_query)
+            if compiled:
+                found = search_texts(self, chunk, depth, prep)
+            else:
+                xs = [expand(self, q, prep) for q in chunk]
+                found = self.bm25.search_weighted_batch([(x.query_weights, x.expansion_weights) for x in xs], depth,
+                                                        prep.params)
+            out.arrays(qids[start:start + step], found, k, remove_query)
 
     def _valid_texts(self, queries: Mapping[str, str], checked: Callable[[str, Any], str | None]
                      ) -> tuple[list[str], list[str]]:
