@@ -29,8 +29,10 @@ from .feedback import select_terms
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Proposal:
+    """One proposed phrase. Read-only by convention (not frozen: see ``Verdict``)."""
+
     phrase: str                        # as proposed: an index term (prf, dense) or LLM text
     source: str                        # the proposer's name
     weight: float                      # in (0, 1]; 1 is the source's strongest proposal
