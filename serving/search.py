@@ -304,11 +304,12 @@ class VersionSearcher:
         """search_batch's sira path, a chunk at a time (the dense proposer's queries embedded
         first). ``compiled``: the offline proposers' one compiled call per chunk (``sira.batch``);
         otherwise (the llm proposer, or no numba) each query is expanded as ``sira.mode.expand``
-        does for a single query (proposers, DF filter) and the chunk's weighted queries are
-        scored in one compiled call (``BM25Retriever.search_weighted_batch``): the same hits as
-        ``sira_arrays`` per query either way."""
+        does for a single query (proposers, DF filter), without the trace (``expand_weights``),
+        and the chunk's weighted queries are scored in one compiled call
+        (``BM25Retriever.search_weighted_batch``): the same hits as ``sira_arrays`` per query
+        either way."""
         from .sira.batch import search_texts
-        from .sira.mode import expand
+        from .sira.mode import expand_weights
         qids, texts = self._valid_texts(queries, checked)
         texts = [q.strip() for q in texts]  # as ``search`` sees it (the chat model's prompt and cache key)
         step = max(1, BATCH_CELLS // depth)
@@ -322,8 +323,7 @@ class VersionSearcher:
             if compiled:
                 found = search_texts(self, chunk, depth, prep)
             else:
-                xs = [expand(self, q, prep) for q in chunk]
-                found = self.bm25.search_weighted_batch([(x.query_weights, x.expansion_weights) for x in xs], depth,
+                found = self.bm25.search_weighted_batch([expand_weights(self, q, prep) for q in chunk], depth,
                                                         prep.params)
             out.arrays(qids[start:start + step], found, k, remove_query)
 

@@ -20,6 +20,7 @@ from funnel.serving import kernels
 from funnel.serving.search import open_index
 from funnel.serving.sira import prepare, sira_arrays
 from funnel.serving.sira.batch import batch_available
+from funnel.serving.sira.mode import expand, expand_weights, weighted_query
 
 from conftest import need_shared  # noqa: E402
 
@@ -66,6 +67,28 @@ def test_batch_equals_per_query(dense_ix, proposer, options):
         got = dense_ix.search_batch(qs, mode="sira", k=k, **opts)
         assert list(got) == list(qs)
         assert got == _reference(dense_ix, qs, k, opts)
+
+
+@pytest.mark.parametrize("proposer", ["prf", "dense", "union"])
+def test_expand_weights_equals_expand(dense_ix, proposer):
+    """The batch path's per-query step without a trace (``expand_weights``, what the llm
+    proposer's batch uses) gives exactly ``expand``'s two weight groups, in the same order
+    (the order fixes the kernel's float sums): union proposes a term from several sources
+    with different weights, and lambda 0 keeps zero-weight terms."""
+    qs = _queries(FIXTURE)
+    for options in OPTIONS:
+        prep = prepare(dense_ix, {"proposer": proposer, **options})
+        n_expanded = 0
+        for q in qs.values():
+            x = expand(dense_ix, q, prep)
+            first, then = expand_weights(dense_ix, q, prep)
+            assert list(first.items()) == list(x.query_weights.items())
+            assert list(then.items()) == list(x.expansion_weights.items())
+            # and both are the trace's expansion (largest weight per term) merged by weighted_query
+            merged = weighted_query(x.query_terms, {t: w for t, (w, _) in x.terms.items()}, x.lam)
+            assert list({**first, **then}.items()) == list(merged.items())
+            n_expanded += bool(then)
+        assert n_expanded >= len(qs) // 2
 
 
 @pytest.mark.parametrize("proposer", ["prf", "union"])

@@ -220,11 +220,11 @@ class Expansion:
     timings: dict[str, float]
 
 
-def expand(searcher, query: str, prep: Prepared) -> Expansion:
-    """Propose, DF-filter and merge: the one {term: weight} dict SIRA scores with."""
+def _propose(searcher, query: str, qterms: dict[str, float], prep: Prepared
+             ) -> tuple[list[Proposal], str, str, str | None, dict[str, float]]:
+    """(proposals, the proposer that made them, note, llm error, the proposers' timings).
+    A failing chat model is not an error: the offline proposer answers instead."""
     from ..chat import ChatError
-    t0 = time.perf_counter()
-    qterms = dict(searcher.bm25.query_terms(query))
     ctx = ProposalContext(searcher, query, qterms, prep.config, prep.params, prep.nprobe)
     proposer, note, llm_error = prep.proposer, prep.note, None
     proposals: list[Proposal] = []
@@ -241,18 +241,54 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
                 proposer = fallback
                 for s2 in fb_sources:
                     proposals += PROPOSERS[s2](ctx)
+    return proposals, proposer, note, llm_error, ctx.timings
+
+
+def split_weights(qterms: dict[str, float], proposals: list[Proposal], verdicts: list[Verdict],
+                  lam: float) -> tuple[dict[str, float], dict[str, float]]:
+    """``weighted_query(qterms, e, lam)`` as the two groups ``search_weighted`` scores:
+    the query's terms (an expansion weight folded in), then the new terms, each in
+    :func:`expansion_terms`' order with its largest weight."""
+    best: dict[str, float] = {}
+    for p, v in zip(proposals, verdicts):
+        if v.kept:
+            w = p.weight
+            for t in v.terms:
+                if t not in best or w > best[t]:
+                    best[t] = w
+    first, then = dict(qterms), {}
+    for t, w in best.items():
+        if t in first:
+            first[t] += lam * w
+        else:
+            then[t] = 0.0 + lam * w
+    return first, then
+
+
+def expand(searcher, query: str, prep: Prepared) -> Expansion:
+    """Propose, DF-filter and merge: the one {term: weight} dict SIRA scores with."""
+    t0 = time.perf_counter()
+    qterms = dict(searcher.bm25.query_terms(query))
+    proposals, proposer, note, llm_error, ptimes = _propose(searcher, query, qterms, prep)
     t_prop = _ms(t0)
     t = time.perf_counter()
     verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
     exp = expansion_terms(proposals, verdicts)
     lam = prep.config.lambda_for(proposer)
-    e = {t_: w for t_, (w, _) in exp.items()}
-    first = weighted_query(qterms, {t_: w for t_, w in e.items() if t_ in qterms}, lam)
-    then = {t_: 0.0 + lam * w for t_, w in e.items() if t_ not in qterms}
+    first, then = split_weights(qterms, proposals, verdicts, lam)
     weights = {**first, **then}  # = weighted_query(qterms, e, lam): the merged dict, same order
-    timings = {**ctx.timings, "propose": t_prop, "filter": _ms(t)}
+    timings = {**ptimes, "propose": t_prop, "filter": _ms(t)}
     return Expansion(qterms, proposals, verdicts, exp, weights, first, then, proposer, lam, note, llm_error,
                      timings)
+
+
+def expand_weights(searcher, query: str, prep: Prepared) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`expand`'s ``(query_weights, expansion_weights)`` without its trace: the batch
+    path's per-query step (~5 µs a query less)."""
+    qterms = dict(searcher.bm25.query_terms(query))
+    proposals, proposer, *_ = _propose(searcher, query, qterms, prep)
+    verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
+    return split_weights(qterms, proposals, verdicts, prep.config.lambda_for(proposer))
 
 
 def sira_arrays(searcher, query: str, k: int, prep: Prepared):

@@ -156,8 +156,8 @@ def propose_llm(ctx: ProposalContext) -> list[Proposal]:
         phrases = evidence_sketch(ctx.searcher.chat, ctx.query, ctx.config.max_n)
     finally:
         ctx.timings["llm"] = round((time.perf_counter() - t) * 1000, 3)
-    model = getattr(ctx.searcher.chat, "model", "chat model")
-    return [Proposal(p, "llm", 1.0, None, f"expected-evidence sketch by {model}") for p in phrases]
+    evidence = f"expected-evidence sketch by {getattr(ctx.searcher.chat, 'model', 'chat model')}"
+    return [Proposal(p, "llm", 1.0, None, evidence) for p in phrases]
 
 
 #: The proposer functions by name; ``union`` runs every one that is available.
