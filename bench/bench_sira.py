@@ -67,7 +67,8 @@ def _evaluate(ix, queries, qrels, mode, **opts):
 def speed(datasets, repeats: int, llm_queries: int = 0, shard_counts=(None, 4)) -> str:
     from funnel.evaluation.trec import read_queries
     from funnel.serving.hybrid import prefill_query_vectors
-    lines = ["Command: `.venv/bin/python bench/bench_sira.py --write`. Every query of queries.jsonl, "
+    lines = ["Command: `.venv/bin/python bench/bench_sira.py"
+             + (f" --llm-queries {llm_queries}" if llm_queries else "") + " --write`. Every query of queries.jsonl, "
              "k=100, batch API (`search_batch`: for prf, dense and union one compiled call per chunk, "
              "`serving/sira/batch.py`), one process, best of "
              f"{repeats} interleaved passes each; SIRA with its chosen defaults and no LLM. Baseline: funnel's BM25 "
