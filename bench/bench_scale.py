@@ -826,12 +826,13 @@ TITLE = "Scale: synthetic 100K-3M documents, build and BM25 queries vs bm25s and
 SUPPLEMENT = "### Supplementary run, separate from the tables above"
 
 
-def carried_runs(recorded: tuple[str, str] | None) -> str:
+def carried_runs(recorded: tuple[str, str] | None, rendered_command: str | None = None) -> str:
     """The runs of the recorded scale section (``results.recorded_section``), as supplements
     to append under a new run: its main run first (under its own command and date, its
     ``###`` headings one level down, without the plots line: the new run redraws them),
     then the supplements it already carried. So ``--write`` adds a run to the record
-    instead of dropping the earlier ones; "" when nothing is recorded."""
+    instead of dropping the earlier ones; "" when nothing is recorded. The main run is left
+    out when its command is ``rendered_command`` (``--from-results`` re-rendering it)."""
     if recorded is None:
         return ""
     stamp, body = recorded
@@ -839,8 +840,8 @@ def carried_runs(recorded: tuple[str, str] | None) -> str:
     main, older = (body, "") if i < 0 else (body[:i], body[i:])
     cmd = re.search(r"Command: (`[^`]+`)", main)
     j = main.find("### Build")
-    if cmd is None or j < 0:  # not a run this script rendered: keep only what it carried
-        return older.rstrip()
+    if cmd is None or j < 0 or cmd.group(1) == f"`{rendered_command}`":
+        return older.rstrip()  # not a run this script rendered, or the run being re-rendered
     tables = "\n".join(line for line in main[j:].splitlines()
                        if not line.startswith(("Plots:", "Rendered from")))
     tables = re.sub(r"^### ", "#### ", tables, flags=re.M).strip()
@@ -902,8 +903,10 @@ def main(argv=None):
             body += (f"\n\n{SUPPLEMENT}\n\nCommand: `{sup['command']}` "
                      "(its own run: compare its figures with each other, not with the run above).\n\n" +
                      re.sub(r"\n{3,}", "\n\n", "\n".join(tables)).strip())
+        # What the record already carries stays below (the re-rendered run itself once).
+        carried = carried_runs(recorded_section("scale"), saved["command"]) if a.write else ""
         report("scale", TITLE, body + f"\n\nRendered from {a.from_results}, the results of that run (last written "
-               f"{stamp}).", a.write)
+               f"{stamp})." + ("\n\n" + carried.lstrip("\n") if carried else ""), a.write)
         print("plots: " + ", ".join(paths))
         return
     a.skip = [s for s in a.skip.split(",") if s]
