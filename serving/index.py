@@ -122,6 +122,10 @@ class DocStore:
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray, int]] = {}  # shard: (file, group starts, size)
+        # Idle read handles per shard. Reads run outside the lock, each on a handle no other
+        # thread is using (one ParquetFile is not documented as safe to read from two threads
+        # at once); a request thread takes one, or opens one when all are busy, and puts it back.
+        self._idle: dict[int, list[pq.ParquetFile]] = {}
         self._groups: OrderedDict[tuple[int, int], tuple[dict[str, list], int]] = OrderedDict()
         self._cached = 0  # text bytes in self._groups
         self._lock = threading.Lock()
@@ -183,12 +187,40 @@ class DocStore:
             except (OSError, ValueError, pa.ArrowException) as e:
                 raise _damaged(path, e) from e
             got = self._files[shard] = (pf, starts, size)
+            self._idle[shard] = [pf]
         return got
 
-    def _keep(self, key: tuple[int, int], t: pa.Table) -> tuple[dict[str, list], int]:
-        """Cache a decoded row group (lock held), evicting the least recently used beyond the bound."""
-        hit = self._groups[key] = ({c: t.column(c).to_pylist() for c in _TEXT_COLUMNS}, t.nbytes)
-        self._cached += t.nbytes
+    def _read(self, shard: int, group: int | None) -> pa.Table:
+        """The text columns of one row group (``group``) or of the whole shard (None), read
+        without the lock on a handle of this call's own."""
+        path = os.path.join(self.dir, f"{shard_name(shard)}.parquet")
+        with self._lock:
+            idle = self._idle[shard]
+            pf = idle.pop() if idle else None
+        try:
+            if pf is None:
+                pf = pq.ParquetFile(path, memory_map=True)
+            t = pf.read(columns=list(_TEXT_COLUMNS)) if group is None else \
+                pf.read_row_group(group, columns=list(_TEXT_COLUMNS))
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise _damaged(path, e) from e
+        with self._lock:
+            self._idle[shard].append(pf)
+        return t
+
+    @staticmethod
+    def _decode(t: pa.Table) -> tuple[dict[str, list], int]:
+        """A row group's text columns as Python lists, and its size (what the bound counts)."""
+        return {c: t.column(c).to_pylist() for c in _TEXT_COLUMNS}, t.nbytes
+
+    def _keep(self, key: tuple[int, int], hit: tuple[dict[str, list], int]) -> tuple[dict[str, list], int]:
+        """Cache a decoded row group (lock held), evicting the least recently used beyond the
+        bound; a group another thread cached meanwhile is kept as it is."""
+        got = self._groups.get(key)
+        if got is not None:
+            return got
+        self._groups[key] = hit
+        self._cached += hit[1]
         while self._cached > self.cache_bytes and len(self._groups) > 1:
             self._cached -= self._groups.popitem(last=False)[1][1]
         return hit
@@ -197,28 +229,32 @@ class DocStore:
         """(the decoded text columns of the row group holding the shard's row ``i``, i's row there).
 
         At a shard's first miss, the whole shard is read when it fits in the bound beside
-        what is cached (one read, as a small corpus wants); otherwise only the group."""
+        what is cached (one read, as a small corpus wants); otherwise only the group. The
+        read and the decoding run outside the lock (~1 ms for a group), so concurrent requests
+        wait for each other only to look up and update the cache; two threads missing the
+        same group at once may both read it, and the first to finish caches it."""
         with self._lock:
-            pf, starts, size = self._file(shard)
+            _, starts, size = self._file(shard)
             if not 0 <= i < starts[-1]:
                 raise IndexError(f"shard {shard} has {starts[-1]} documents, no document {i}")
             g = int(np.searchsorted(starts, i, side="right")) - 1
-            key = (shard, g)
+            key, r = (shard, g), i - int(starts[g])
             hit = self._groups.get(key)
             if hit is not None:
                 self._groups.move_to_end(key)
-                return hit[0], i - int(starts[g])
+                return hit[0], r
             whole = self._cached + size <= self.cache_bytes
-            try:
-                t = pf.read(columns=list(_TEXT_COLUMNS)) if whole else pf.read_row_group(g, columns=list(_TEXT_COLUMNS))
-            except (OSError, ValueError, pa.ArrowException) as e:
-                raise _damaged(os.path.join(self.dir, f"{shard_name(shard)}.parquet"), e) from e
-            if not whole:
-                return self._keep(key, t)[0], i - int(starts[g])
-            for h in range(len(starts) - 1):
-                if h != g and (shard, h) not in self._groups:
-                    self._keep((shard, h), t.slice(starts[h], starts[h + 1] - starts[h]))
-            return self._keep(key, t.slice(starts[g], starts[g + 1] - starts[g]))[0], i - int(starts[g])
+        t = self._read(shard, None if whole else g)
+        if not whole:
+            hit = self._decode(t)
+            with self._lock:
+                return self._keep(key, hit)[0], r
+        parts = {h: self._decode(t.slice(starts[h], starts[h + 1] - starts[h])) for h in range(len(starts) - 1)}
+        with self._lock:
+            for h, part in parts.items():
+                if h != g:
+                    self._keep((shard, h), part)
+            return self._keep(key, parts[g])[0], r
 
     def get(self, n: int) -> dict:
         s, i = split_docno(n)

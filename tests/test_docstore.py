@@ -71,3 +71,40 @@ def test_a_local_id_past_the_shard_is_an_index_error(built):
     store = DocStore(vdir, 1)
     with pytest.raises(IndexError, match="has 700 documents"):
         store.get(N_DOCS)
+
+
+@pytest.mark.parametrize("cache_bytes", [1, 10 ** 9])
+def test_concurrent_readers_get_every_document_right(built, cache_bytes):
+    """Reads run outside the store's lock, each on a parquet handle of its own: eight threads
+    asking for every document in different orders (with a 1-byte bound every miss is a
+    read, and threads often miss the same group at once) all get each document whole, the
+    cache's byte count stays the sum of what it holds, and no more handles exist than the
+    reads that could overlap."""
+    import random
+    import threading
+
+    vdir, rows = built
+    store = DocStore(vdir, 1, cache_bytes=cache_bytes)
+    docnos = _docnos(store)
+    errors: list[str] = []
+    start = threading.Barrier(8)
+
+    def reader(seed: int) -> None:
+        order = list(docnos)
+        random.Random(seed).shuffle(order)
+        start.wait()
+        for n in order:
+            d = store.get(n)
+            want = rows[d["doc_id"]]
+            if (d["title"], d["text"], d["local_id"]) != (want["title"], want["text"], split_docno(n)[1]):
+                errors.append(f"docno {n}: got {d['doc_id']!r}")
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert 1 <= len(store._idle[0]) <= 8
+    assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
+    assert len(store._groups) == (1 if cache_bytes == 1 else 3)
