@@ -244,20 +244,13 @@ def _propose(searcher, query: str, qterms: dict[str, float], prep: Prepared
     return proposals, proposer, note, llm_error, ctx.timings
 
 
-def split_weights(qterms: dict[str, float], proposals: list[Proposal], verdicts: list[Verdict],
+def split_weights(qterms: dict[str, float], expansion: dict[str, tuple[float, tuple[str, ...]]],
                   lam: float) -> tuple[dict[str, float], dict[str, float]]:
-    """``weighted_query(qterms, e, lam)`` as the two groups ``search_weighted`` scores:
-    the query's terms (an expansion weight folded in), then the new terms, each in
-    :func:`expansion_terms`' order with its largest weight."""
-    best: dict[str, float] = {}
-    for p, v in zip(proposals, verdicts):
-        if v.kept:
-            w = p.weight
-            for t in v.terms:
-                if t not in best or w > best[t]:
-                    best[t] = w
+    """``weighted_query(qterms, e, lam)`` (``e``: :func:`expansion_terms`' weights) as the two
+    groups ``search_weighted`` scores: the query's terms (an expansion weight folded in),
+    then the new terms, in ``expansion``'s order."""
     first, then = dict(qterms), {}
-    for t, w in best.items():
+    for t, (w, _) in expansion.items():
         if t in first:
             first[t] += lam * w
         else:
@@ -275,7 +268,7 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
     verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
     exp = expansion_terms(proposals, verdicts)
     lam = prep.config.lambda_for(proposer)
-    first, then = split_weights(qterms, proposals, verdicts, lam)
+    first, then = split_weights(qterms, exp, lam)
     weights = {**first, **then}  # = weighted_query(qterms, e, lam): the merged dict, same order
     timings = {**ptimes, "propose": t_prop, "filter": _ms(t)}
     return Expansion(qterms, proposals, verdicts, exp, weights, first, then, proposer, lam, note, llm_error,
@@ -288,7 +281,7 @@ def expand_weights(searcher, query: str, prep: Prepared) -> tuple[dict[str, floa
     qterms = dict(searcher.bm25.query_terms(query))
     proposals, proposer, *_ = _propose(searcher, query, qterms, prep)
     verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
-    return split_weights(qterms, proposals, verdicts, prep.config.lambda_for(proposer))
+    return split_weights(qterms, expansion_terms(proposals, verdicts), prep.config.lambda_for(proposer))
 
 
 def sira_arrays(searcher, query: str, k: int, prep: Prepared):
