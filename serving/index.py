@@ -244,12 +244,14 @@ class DocStore:
                 self._groups.move_to_end(key)
                 return hit[0], r
             whole = self._cached + size <= self.cache_bytes
+            # A whole read decodes only the groups not cached now (g among them).
+            todo = [h for h in range(len(starts) - 1) if (shard, h) not in self._groups] if whole else []
         t = self._read(shard, None if whole else g)
         if not whole:
             hit = self._decode(t)
             with self._lock:
                 return self._keep(key, hit)[0], r
-        parts = {h: self._decode(t.slice(starts[h], starts[h + 1] - starts[h])) for h in range(len(starts) - 1)}
+        parts = {h: self._decode(t.slice(starts[h], starts[h + 1] - starts[h])) for h in todo}
         with self._lock:
             for h, part in parts.items():
                 if h != g:
