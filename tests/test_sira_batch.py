@@ -5,8 +5,8 @@ The offline proposers (prf, dense, union) answer ``search_batch`` in one compile
 chunk; every query must get exactly the per-query ranking and scores, for the defaults and
 for option settings that change each part (feedback depth, term count, tau, lambda 0, k1/b,
 exact lengths). The index is tests/data/tiny-beir (40 abstracts) built with dense vectors
-by the real build; the queries are its own plus every document title (over FAISS's BLAS
-threshold of 20, so the grouped dense searches are exercised).
+by the real build; the queries are its own plus every document title. One test lowers
+FAISS's BLAS threshold so that the dense feedback's grouped searches are exercised.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from funnel.serving import kernels
 from funnel.serving.search import open_index
 from funnel.serving.sira import prepare, sira_arrays
-from funnel.serving.sira.batch import batch_available
+from funnel.serving.sira.batch import batch_available, per_query_group
 from funnel.serving.sira.mode import expand, expand_weights, weighted_query
 
 from conftest import need_shared  # noqa: E402
@@ -67,6 +67,25 @@ def test_batch_equals_per_query(dense_ix, proposer, options):
         got = dense_ix.search_batch(qs, mode="sira", k=k, **opts)
         assert list(got) == list(qs)
         assert got == _reference(dense_ix, qs, k, opts)
+
+
+@pytest.mark.parametrize("proposer", ["dense", "union"])
+def test_batch_equals_per_query_past_the_faiss_blas_threshold(dense_ix, proposer):
+    """FAISS computes a batch's inner products with BLAS (other rounding than a one-query
+    search) once ``nx * d`` reaches its threshold (FAISS 1.15; ``nx`` alone in older ones).
+    Lowered so that this batch of queries is far past it, the grouped dense feedback must
+    still give every query exactly its per-query result."""
+    import faiss
+    qs = _queries(FIXTURE)
+    dim = dense_ix.dense_mode.dense().indexes[0].d
+    old = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = 4 * dim + 1  # a group of 4 stays below it
+    try:
+        assert per_query_group(dim) == 4
+        assert dense_ix.search_batch(qs, mode="sira", k=20, proposer=proposer) == _reference(
+            dense_ix, qs, 20, {"proposer": proposer})
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = old
 
 
 @pytest.mark.parametrize("proposer", ["prf", "dense", "union"])

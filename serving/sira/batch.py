@@ -10,7 +10,8 @@ every query of the fixtures. The per-query path stays the reference, and the one
 without numba, for the ``llm`` proposer, and by ``search()`` (which also builds the trace
 and the explanations). For the dense proposer the query vectors come from the dense index's
 cache (``search_batch`` embeds the batch first); its FAISS searches run in groups below
-FAISS's BLAS threshold, so every score is the one a single-query search computes.
+FAISS's BLAS threshold (:func:`per_query_group`), so every score is the one a single-query
+search computes.
 """
 
 from __future__ import annotations
@@ -29,13 +30,24 @@ def batch_available(searcher, prep) -> bool:
             and searcher.bm25._use_kernel())
 
 
+def per_query_group(dim: int) -> int:
+    """The most queries of dimension ``dim`` that one exhaustive FAISS search keeps on its
+    per-query path (each inner product as a single-query search computes it), not BLAS.
+
+    FAISS 1.15 switches to BLAS once ``nx * d`` reaches ``distance_compute_blas_threshold``
+    (128,000: 333 queries of 384 floats, 166 of 768); older releases switched once ``nx``
+    reached it (20). The group satisfies both rules."""
+    import faiss
+    limit = int(faiss.cvar.distance_compute_blas_threshold) - 1
+    return max(1, min(limit, limit // max(1, int(dim))))
+
+
 def _dense_feedback(searcher, texts: list[str], fb_docs: int, nprobe, offsets: np.ndarray):
     """(rows [n, fb], scores [n, fb], counts [n]) of each text's dense neighbours, as global
     forward-index rows."""
-    import faiss
     d = searcher.dense_mode.dense()
     vecs = np.vstack([d.embed_query(t) for t in texts]).astype(np.float32, copy=False)
-    group = max(1, int(faiss.cvar.distance_compute_blas_threshold) - 1)
+    group = per_query_group(vecs.shape[1])
     scores = np.zeros((len(texts), fb_docs))
     rows = np.zeros((len(texts), fb_docs), dtype=np.int64)
     counts = np.zeros(len(texts), dtype=np.int64)
