@@ -117,3 +117,15 @@ def test_output_into_a_closed_pipe_ends_quietly(demo_index_1):
                        text=True, timeout=120)
     assert p.stdout.strip()  # head got its line
     assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
+
+
+def test_a_search_process_does_not_import_pandas(demo_index_1):
+    """Importing pandas costs a `funnel search` process ~0.3 s before the query; serving
+    never needs it (pyarrow's ``to_numpy`` and ``pq.read_table`` pulled it in)."""
+    import subprocess
+    import sys as _sys
+    code = ("import sys; from funnel.serving.cli import main; "
+            f"rc = main(['search', {demo_index_1!r}, {QUERY!r}, '--k', '3']); "
+            "print('PANDAS', 'pandas' in sys.modules, rc)")
+    p = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "PANDAS False 0" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
