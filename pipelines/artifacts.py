@@ -5,6 +5,7 @@
     INDEX_ROOT/v000001/                immutable once published; manifest.json lists every file's sha256
     INDEX_ROOT/v000001/manifest.json.sha256   the manifest's own sha256 (``sha256sum -c`` format)
     INDEX_ROOT/.readers/<host>-<pid>-<id>.json   a reader's lease on the version it has open
+    INDEX_ROOT/.verified/<version>.<host>.json   files this host hashed, by stat (``verify="cached"``)
 
 A build writes into ``INDEX_ROOT/.staging-<id>/`` (holding a lock on its ``.build.lock``
 while it lives), fsyncs every file, and ``publish`` then, under the root's lock, renames
@@ -23,6 +24,7 @@ releasing holds its version at most ``READER_LEASE_S`` longer.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -50,7 +52,16 @@ MANIFEST_SUM = "manifest.json.sha256"   # the manifest's own checksum, next to i
 CURRENT = "CURRENT"
 LOCK = ".lock"                          # INDEX_ROOT/.lock
 BUILD_LOCK = ".build.lock"              # inside a staging folder while its build lives
-VERIFY_MODES = ("none", "sizes", "full")
+#: How a version is checked on open: nothing; the manifest's checksum and each file's size;
+#: that and each file's sha256 (``full``); or ``cached``: as ``full``, except that a file this
+#: host already hashed, and whose size, mtime, ctime, inode and device have not changed since,
+#: is not hashed again (its record is in ``INDEX_ROOT/.verified/``).
+VERIFY_MODES = ("none", "sizes", "cached", "full")
+VERIFIED = ".verified"
+#: A file changed less than this long before it was hashed gets no record: a file system's
+#: timestamps can be coarse (a kernel tick, or seconds), so a write just after the stat could
+#: leave mtime and ctime as they were. Such a file is hashed again at the next open.
+STAMP_SETTLE_NS = 2_000_000_000
 UNLOCKED_GRACE_S = 600                  # gc leaves a staging folder with no lock file this young
 _VERSION_RE = re.compile(r"v[0-9]{6}")  # used with fullmatch: no trailing newline, ASCII digits
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -86,8 +97,9 @@ def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def file_table(version_dir: str) -> dict[str, dict]:
-    """{relative path: {size, sha256}} of every file under ``version_dir`` but the manifest."""
+def file_table(version_dir: str, stamps: dict | None = None) -> dict[str, dict]:
+    """{relative path: {size, sha256}} of every file under ``version_dir`` but the manifest;
+    with ``stamps``, also puts there each settled file's record (as ``verify_files`` returns)."""
     out = {}
     for root, _, files in os.walk(version_dir):
         for name in files:
@@ -95,7 +107,11 @@ def file_table(version_dir: str) -> dict[str, dict]:
             rel = os.path.relpath(full, version_dir)
             if rel in _NOT_VERSION_FILES or rel.endswith(".tmp"):
                 continue
-            out[rel] = {"size": os.path.getsize(full), "sha256": sha256_file(full)}
+            t = time.time_ns()
+            st = os.stat(full)
+            out[rel] = {"size": st.st_size, "sha256": sha256_file(full)}
+            if stamps is not None and max(st.st_mtime_ns, st.st_ctime_ns) < t - STAMP_SETTLE_NS:
+                stamps[rel] = _stat_stamp(st, out[rel]["sha256"])
     return dict(sorted(out.items()))
 
 
@@ -312,7 +328,8 @@ def publish(root: str, staging: str, manifest: dict, keep: int | None = None) ->
     manifest = dict(manifest)
     manifest["format_version"] = FORMAT_VERSION
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    manifest["files"] = file_table(staging)
+    stamps: dict[str, list] = {}  # what was hashed here: the first open on this host need not hash it again
+    manifest["files"] = file_table(staging, stamps)
     _fsync_tree(staging)
     trash: list[str] = []
     with root_lock(root):
@@ -332,6 +349,8 @@ def publish(root: str, staging: str, manifest: dict, keep: int | None = None) ->
         _write_current(root, name)
         if keep:
             trash = _retire(root, keep, {name})
+    if stamps:
+        write_stamps(os.path.join(root, name), stamps)
     release_staging(staging)
     for t in trash:
         shutil.rmtree(t, ignore_errors=True)
@@ -402,28 +421,48 @@ def load_manifest(version_dir: str, check: bool = True) -> dict:
     return m
 
 
-def _file_problem(version_dir: str, rel: str, meta: dict, full: bool) -> str | None:
+def _stat_stamp(st: os.stat_result, sha256: str) -> list:
+    """What a record of a hashed file holds: the stat fields any change through the file
+    system moves (ctime cannot be set back from user space), and the sha256 it matched."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, sha256]
+
+
+def _file_problem(version_dir: str, rel: str, meta: dict, full: bool,
+                  stamps: dict | None = None) -> tuple[str | None, list | None]:
+    """(what is wrong with ``rel``, or None; its record when it was hashed, or trusted by
+    ``stamps``, and matched). Without ``full`` only the size is checked."""
     if os.path.isabs(rel) or ".." in rel.split(os.sep):
-        return f"{rel} is not a path inside the version"
+        return f"{rel} is not a path inside the version", None
     p = os.path.join(version_dir, rel)
     try:
-        size = os.path.getsize(p)
-        if size != meta["size"]:
-            return f"{rel} has {size} bytes, manifest says {meta['size']}"
-        if full and sha256_file(p) != meta["sha256"]:
-            return f"{rel} does not match its sha256 in the manifest (corrupted after publishing)"
+        t = time.time_ns()
+        st = os.stat(p)
+        if st.st_size != meta["size"]:
+            return f"{rel} has {st.st_size} bytes, manifest says {meta['size']}", None
+        if not full:
+            return None, None
+        stamp = _stat_stamp(st, meta["sha256"])
+        if stamps is not None and stamps.get(rel) == stamp:
+            return None, stamp
+        if sha256_file(p) != meta["sha256"]:
+            return f"{rel} does not match its sha256 in the manifest (corrupted after publishing)", None
+        settled = max(st.st_mtime_ns, st.st_ctime_ns) < t - STAMP_SETTLE_NS
+        return None, stamp if settled else None
     except FileNotFoundError:
-        return f"missing {rel}"
+        return f"missing {rel}", None
     except OSError as e:
-        return f"{rel} cannot be read ({e.strerror or e})"
-    return None
+        return f"{rel} cannot be read ({e.strerror or e})", None
 
 
-def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: int | None = None) -> None:
+def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: int | None = None,
+                 stamps: dict | None = None) -> dict[str, list]:
     """Check every listed file exists with its size (and, if ``full``, its sha256).
 
     ``full`` streams each file through sha256 on ``workers`` threads (hashlib releases
-    the GIL; default: up to 8, one per CPU). Raises IndexFormatError naming the files.
+    the GIL; default: up to 8, one per CPU), except files whose record in ``stamps``
+    (``{path: record}``, :func:`read_stamps`) equals their stat now. Raises
+    IndexFormatError naming the files. Returns the records of the files that were hashed
+    (or trusted) and matched, for :func:`write_stamps`.
     """
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
@@ -433,28 +472,81 @@ def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: 
     n = workers or min(8, os.cpu_count() or 1)
     if full and n > 1 and len(items) > 1:
         with ThreadPoolExecutor(n, thread_name_prefix="funnel-verify") as ex:
-            found = list(ex.map(lambda kv: _file_problem(version_dir, kv[0], kv[1], True), items))
+            found = list(ex.map(lambda kv: _file_problem(version_dir, kv[0], kv[1], True, stamps), items))
     else:
-        found = [_file_problem(version_dir, rel, meta, full) for rel, meta in items]
-    problems = sorted(p for p in found if p)
+        found = [_file_problem(version_dir, rel, meta, full, stamps) for rel, meta in items]
+    problems = sorted(p for p, _ in found if p)
     if problems:
         more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise IndexFormatError(
             f"index version {version_dir} is damaged or partial ({'; '.join(problems[:5])}{more}); "
             f"{_DAMAGED_HINT}")
+    return {rel: stamp for (rel, _), (_, stamp) in zip(items, found) if stamp is not None}
 
 
-def verify_version(version_dir: str, mode: str = "full") -> dict:
-    """Load the manifest of ``version_dir`` and verify it by ``mode``; returns the manifest.
+def _stamps_path(version_dir: str) -> str | None:
+    """``INDEX_ROOT/.verified/<version>.<host>.json`` of a ``vNNNNNN`` folder, else None."""
+    path = os.path.normpath(os.path.abspath(version_dir))
+    name = os.path.basename(path)
+    if not is_version_name(name):
+        return None
+    return os.path.join(os.path.dirname(path), VERIFIED, f"{name}.{socket.gethostname()}.json")
+
+
+def read_stamps(version_dir: str) -> dict[str, list]:
+    """This host's records of the files of ``version_dir`` it hashed; {} when there are none
+    (or they cannot be read: then every file is hashed, as ``full`` does)."""
+    p = _stamps_path(version_dir)
+    if p is None:
+        return {}
+    try:
+        with open(p, "rb") as f:
+            got = json.loads(f.read(64 << 20))
+        files = got.get("files") if isinstance(got, dict) else None
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_stamps(version_dir: str, stamps: dict[str, list]) -> None:
+    """Keep ``stamps`` for the next ``cached`` open on this host; best effort (a read-only
+    root keeps none, and every open there hashes every file)."""
+    p = _stamps_path(version_dir)
+    if p is None:
+        return
+    body = {"version": os.path.basename(os.path.normpath(version_dir)), "host": socket.gethostname(),
+            "files": stamps}
+    tmp = f"{p}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(tmp, "w") as f:  # not fsynced: a lost record only means hashing again
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, p)
+    except OSError as e:
+        log.debug("cannot keep the verification record %s (%s); the next open hashes every file again", p, e)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def verify_version(version_dir: str, mode: str = "cached") -> dict:
+    """Load the manifest of ``version_dir`` and verify it by ``mode`` (:data:`VERIFY_MODES`);
+    returns the manifest.
 
     ``none``: parse only. ``sizes``: the manifest's checksum and every file's size.
-    ``full``: that and every file's sha256.
+    ``full``: that and every file's sha256. ``cached``: as ``full``, but a file whose stat
+    equals this host's record of an earlier match is not hashed again. ``full`` and
+    ``cached`` both leave the records of what they hashed for the next ``cached`` open.
     """
     if mode not in VERIFY_MODES:
         raise ValueError(f"unknown verify mode {mode!r}; choose one of {', '.join(VERIFY_MODES)}")
     m = load_manifest(version_dir, check=(mode != "none"))
-    if mode != "none":
-        verify_files(version_dir, m, full=(mode == "full"))
+    if mode in ("cached", "full"):
+        known = read_stamps(version_dir) if mode == "cached" else None
+        stamps = verify_files(version_dir, m, full=True, stamps=known)
+        if stamps != known:
+            write_stamps(version_dir, stamps)
+    elif mode == "sizes":
+        verify_files(version_dir, m)
     return m
 
 
@@ -670,6 +762,22 @@ def _gc_debris(root: str, report: GcReport) -> None:
             _remove(path, report)
 
 
+def _gc_stamps(root: str, report: GcReport) -> None:
+    """Remove verification records of versions that are gone (and stale temporary files)."""
+    d = os.path.join(root, VERIFIED)
+    if not os.path.isdir(d):
+        return
+    versions, now = set(list_versions(root)), time.time()
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                if now - os.lstat(path).st_mtime > 60:  # a younger one may be a record being written
+                    _remove(path, report)
+        elif name.split(".", 1)[0] not in versions:
+            _remove(path, report)
+
+
 def _gc_versions(root: str, keep: int, report: GcReport) -> None:
     try:
         cur = read_current(root)
@@ -721,6 +829,7 @@ def gc(root: str, keep: int | None = None) -> GcReport:
         _gc_debris(root, report)
         if keep:
             _gc_versions(root, keep, report)
+        _gc_stamps(root, report)
     for path, size in report.removed:
         log.info("gc: removed %s (%d bytes)", path, size)
     return report

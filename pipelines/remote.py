@@ -274,7 +274,7 @@ def _renamed_errors(e: IndexFormatError, tmp: str, rr: RemoteRoot, version: str)
     return IndexFormatError(str(e).replace(tmp, rr.name(version)))
 
 
-def fetch_version(uri: str, version: str | None = None, verify: str = "full") -> tuple[str, dict]:
+def fetch_version(uri: str, version: str | None = None, verify: str = "cached") -> tuple[str, dict]:
     """(local folder, manifest) of ``version`` (default: CURRENT's) of the remote root ``uri``.
 
     A cached copy whose manifest checksum equals the remote one is reused after checking it

@@ -488,8 +488,10 @@ def _add_search_parser(sub, common) -> None:
     s.add_argument("--mode", default="bm25", choices=MODES, metavar="MODE", help="retrieval mode: %(choices)s")
     s.add_argument("--k", type=int, default=10, help="how many documents to return per query")
     s.add_argument("--json", action="store_true", help="print the full result (summary, hits, trace) as JSON")
-    s.add_argument("--verify", choices=["none", "sizes", "full"], default="full",
-                   help="how the index files are checked on open: every sha256 (full), sizes only, or none")
+    s.add_argument("--verify", choices=["none", "sizes", "cached", "full"], default="cached",
+                   help="how the index files are checked on open: every file's sha256 (full); the same, "
+                        "skipping files this host hashed before whose size, mtime, ctime and inode are "
+                        "unchanged (cached, the default); sizes only; or none")
 
     b = s.add_argument_group("batch mode")
     b.add_argument("--queries", help="BEIR queries.jsonl (or TSV qid<TAB>text) to run as a batch "

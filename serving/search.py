@@ -67,7 +67,7 @@ class Searcher:
     concurrent ``refresh()`` never mixes two versions inside one query.
     """
 
-    def __init__(self, root: str, version: str | None = None, verify: str = "full",
+    def __init__(self, root: str, version: str | None = None, verify: str = "cached",
                  embedder=None, reranker=None, chat=None):
         self.root = root
         self._verify = verify
