@@ -110,8 +110,9 @@ def file_table(version_dir: str, stamps: dict | None = None) -> dict[str, dict]:
             t = time.time_ns()
             st = os.stat(full)
             out[rel] = {"size": st.st_size, "sha256": sha256_file(full)}
-            if stamps is not None and max(st.st_mtime_ns, st.st_ctime_ns) < t - STAMP_SETTLE_NS:
-                stamps[rel] = _stat_stamp(st, out[rel]["sha256"])
+            stamp = _settled_stamp(st, t, out[rel]["sha256"])
+            if stamps is not None and stamp is not None:
+                stamps[rel] = stamp
     return dict(sorted(out.items()))
 
 
@@ -427,6 +428,14 @@ def _stat_stamp(st: os.stat_result, sha256: str) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, sha256]
 
 
+def _settled_stamp(st: os.stat_result, stat_ns: int, sha256: str) -> list | None:
+    """The record of a file stat'ed at ``stat_ns`` and then hashed to ``sha256``; None when
+    it changed within ``STAMP_SETTLE_NS`` before the stat (no record: hashed again next time)."""
+    if max(st.st_mtime_ns, st.st_ctime_ns) >= stat_ns - STAMP_SETTLE_NS:
+        return None
+    return _stat_stamp(st, sha256)
+
+
 def _file_problem(version_dir: str, rel: str, meta: dict, full: bool,
                   stamps: dict | None = None) -> tuple[str | None, list | None]:
     """(what is wrong with ``rel``, or None; its record when it was hashed, or trusted by
@@ -446,8 +455,7 @@ def _file_problem(version_dir: str, rel: str, meta: dict, full: bool,
             return None, stamp
         if sha256_file(p) != meta["sha256"]:
             return f"{rel} does not match its sha256 in the manifest (corrupted after publishing)", None
-        settled = max(st.st_mtime_ns, st.st_ctime_ns) < t - STAMP_SETTLE_NS
-        return None, stamp if settled else None
+        return None, _settled_stamp(st, t, meta["sha256"])
     except FileNotFoundError:
         return f"missing {rel}", None
     except OSError as e:
