@@ -53,13 +53,13 @@ def byte4_to_int(b: int) -> int:
 
 
 _BYTE4_TABLE = np.array([byte4_to_int(b) for b in range(256)], dtype=np.float64)
+#: The norm byte of every length below 65,536 (64 KiB): one lookup a document in norm_bytes.
+_SHORT_NORMS = (np.searchsorted(_BYTE4_TABLE, np.arange(1 << 16), side="right") - 1).astype(np.uint8)
 
 
 def lucene_lengths(doclen: np.ndarray) -> np.ndarray:
     """Decoded Lucene norms for exact lengths (vectorized through a 256-entry table)."""
-    uniq, inv = np.unique(np.asarray(doclen, dtype=np.int64), return_inverse=True)
-    enc = np.array([int_to_byte4(int(u)) for u in uniq], dtype=np.int64)
-    return _BYTE4_TABLE[enc][inv]
+    return _BYTE4_TABLE[norm_bytes(doclen)]
 
 
 def idf_lucene(df: np.ndarray | float, n_docs: int) -> np.ndarray:
@@ -95,10 +95,19 @@ class BM25Params:
 
 
 def norm_bytes(doclen: np.ndarray) -> np.ndarray:
-    """Lucene's one-byte norm (``SmallFloat.intToByte4``) of each length, as uint8."""
-    uniq, inv = np.unique(np.asarray(doclen, dtype=np.int64), return_inverse=True)
-    enc = np.array([int_to_byte4(int(u)) for u in uniq], dtype=np.uint8)
-    return enc[inv].reshape(np.shape(doclen))
+    """Lucene's one-byte norm (``SmallFloat.intToByte4``) of each length, as uint8.
+
+    The encoding rounds down and its decoded values rise with the byte, so a length's byte is
+    the last one whose decoded value does not exceed it: a binary search in the 256 decoded
+    values (a table of its answers below 65,536), with no sort of the lengths (``np.unique``
+    took 0.12 s of the first query at 1M documents)."""
+    a = np.asarray(doclen)
+    if a.size and a.min() < 0:
+        raise ValueError("length must be >= 0")
+    if a.size and a.max() < len(_SHORT_NORMS):  # documents shorter than 65,536 terms: one lookup each
+        return _SHORT_NORMS[a]
+    return (np.searchsorted(_BYTE4_TABLE, a.astype(np.int64), side="right") - 1).astype(np.uint8)
+
 
 
 def denominator_table(params: "BM25Params", avgdl: float, max_len: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from funnel.serving.bm25 import (BM25Params, ShardScorer, byte4_to_int, idf_lucene, int_to_byte4,
-                                 lucene_lengths)
+                                 lucene_lengths, norm_bytes)
 from funnel.pipelines.postings import build_postings
 
 
@@ -20,6 +20,26 @@ def test_smallfloat_byte4_roundtrip_and_monotone():
     for x in [24, 25, 100, 137, 1000, 12345, 10**6]:
         d = byte4_to_int(int_to_byte4(x))
         assert d <= x and (x - d) / x < 1 / 8
+
+
+def test_norm_bytes_equal_int_to_byte4_for_every_length():
+    """The vectorized encoder (a table below 65,536, a binary search above) against the
+    scalar port of Lucene's SmallFloat: every length to 200,000, each byte's boundary and its
+    neighbours, random lengths up to 2^31 - 1, both paths, and shapes and dtypes kept."""
+    bounds = np.array([byte4_to_int(b) for b in range(256)], dtype=np.int64)
+    rng = np.random.default_rng(7)
+    lengths = np.unique(np.concatenate([np.arange(200_000), bounds, bounds - 1, bounds + 1,
+                                        rng.integers(0, 2**31 - 1, 5_000)]))
+    lengths = lengths[lengths >= 0]
+    want = np.array([int_to_byte4(int(x)) for x in lengths], dtype=np.uint8)
+    assert np.array_equal(norm_bytes(lengths), want)
+    short = lengths < 65_536
+    assert np.array_equal(norm_bytes(lengths[short].astype(np.int32)), want[short])  # the table path alone
+    assert norm_bytes(np.array([[3, 40], [1000, 7]])).tolist() == [[3, 40], [int_to_byte4(1000), 7]]
+    assert norm_bytes(np.array([], dtype=np.int32)).dtype == np.uint8
+    assert np.array_equal(lucene_lengths(lengths), bounds[want].astype(np.float64))
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        norm_bytes(np.array([5, -1]))
 
 
 def test_idf_formula():
