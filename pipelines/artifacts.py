@@ -85,6 +85,13 @@ def is_version_name(name: str) -> bool:
     return bool(_VERSION_RE.fullmatch(name))
 
 
+def version_parts(version_dir: str) -> tuple[str, str] | None:
+    """(index root, version name) of a ``vNNNNNN`` folder; None for any other folder."""
+    path = os.path.normpath(version_dir)
+    name = os.path.basename(path)
+    return (os.path.dirname(path), name) if is_version_name(name) else None
+
+
 def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
     """sha256 of a file, streamed in ``bufsize`` blocks (memory stays flat for any size)."""
     h = hashlib.sha256()
@@ -494,11 +501,10 @@ def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: 
 
 def _stamps_path(version_dir: str) -> str | None:
     """``INDEX_ROOT/.verified/<version>.<host>.json`` of a ``vNNNNNN`` folder, else None."""
-    path = os.path.normpath(os.path.abspath(version_dir))
-    name = os.path.basename(path)
-    if not is_version_name(name):
+    parts = version_parts(os.path.abspath(version_dir))
+    if parts is None:
         return None
-    return os.path.join(os.path.dirname(path), VERIFIED, f"{name}.{socket.gethostname()}.json")
+    return os.path.join(parts[0], VERIFIED, f"{parts[1]}.{socket.gethostname()}.json")
 
 
 def read_stamps(version_dir: str) -> dict[str, list]:

@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
-                                        is_version_name, list_versions, read_current, verify_version)
+                                        is_version_name, list_versions, read_current, verify_version,
+                                        version_parts)
 from funnel.pipelines.postings import load_block_maxima, load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import load_vocabulary
@@ -343,10 +344,8 @@ class IndexVersion:
 
 def _lease(version_dir: str) -> ReaderLease | None:
     """A reader lease on ``version_dir`` when it is a ``vNNNNNN`` folder of an index root."""
-    path = os.path.normpath(version_dir)
-    if not is_version_name(os.path.basename(path)):
-        return None
-    return ReaderLease(os.path.dirname(path), os.path.basename(path))
+    parts = version_parts(version_dir)
+    return ReaderLease(*parts) if parts is not None else None
 
 
 T = TypeVar("T")
