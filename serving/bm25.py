@@ -53,8 +53,15 @@ def byte4_to_int(b: int) -> int:
 
 
 _BYTE4_TABLE = np.array([byte4_to_int(b) for b in range(256)], dtype=np.float64)
+
+
+def _searched_norms(lengths: np.ndarray) -> np.ndarray:
+    """Each length's norm byte: the last byte whose decoded value does not exceed it."""
+    return (np.searchsorted(_BYTE4_TABLE, lengths, side="right") - 1).astype(np.uint8)
+
+
 #: The norm byte of every length below 65,536 (64 KiB): one lookup a document in norm_bytes.
-_SHORT_NORMS = (np.searchsorted(_BYTE4_TABLE, np.arange(1 << 16), side="right") - 1).astype(np.uint8)
+_SHORT_NORMS = _searched_norms(np.arange(1 << 16))
 
 
 def lucene_lengths(doclen: np.ndarray) -> np.ndarray:
@@ -106,7 +113,7 @@ def norm_bytes(doclen: np.ndarray) -> np.ndarray:
         raise ValueError("length must be >= 0")
     if a.size and a.max() < len(_SHORT_NORMS):  # documents shorter than 65,536 terms: one lookup each
         return _SHORT_NORMS[a]
-    return (np.searchsorted(_BYTE4_TABLE, a.astype(np.int64), side="right") - 1).astype(np.uint8)
+    return _searched_norms(a.astype(np.int64))
 
 
 
