@@ -97,9 +97,9 @@ class DocStore:
     rows) the first time it is asked for, and decoded groups stay in an LRU bounded by
     ``cache_bytes`` of their text. Memory no longer grows with the corpus without a limit:
     keeping a whole shard's text as Python strings once one of its documents was shown held
-    957 MiB after five BM25 queries at 1M synthetic documents. A shard that fits beside what
-    is cached is still read whole at its first miss, so a corpus below the bound ends up
-    wholly cached, as before.
+    957 MiB after five BM25 queries at 1M synthetic documents. A miss reads its group only
+    (an index built before ``DOCS_ROW_GROUP`` has groups of 8,192 rows or one per shard; it
+    still works, with larger reads).
     """
 
     def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None):
@@ -127,7 +127,7 @@ class DocStore:
         self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
-        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray, int]] = {}  # shard: (file, group starts, size)
+        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}  # shard: (file, group starts)
         # Idle read handles per shard. Reads run outside the lock, each on a handle no other
         # thread is using (one ParquetFile is not documented as safe to read from two threads
         # at once); a request thread takes one, or opens one when all are busy, and puts it back.
@@ -178,27 +178,25 @@ class DocStore:
                 by_id = self._by_id
         return by_id.get(doc_id)
 
-    def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray, int]:
-        """The shard's docs file, the first row of each of its row groups (+ the row count),
-        and its decoded size by the file's metadata; call with the lock held."""
+    def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
+        """The shard's docs file and the first row of each of its row groups (+ the row
+        count); call with the lock held."""
         got = self._files.get(shard)
         if got is None:
             path = os.path.join(self.dir, f"{shard_name(shard)}.parquet")
             try:
                 pf = pq.ParquetFile(path, memory_map=True)
                 md = pf.metadata
-                groups = [md.row_group(g) for g in range(md.num_row_groups)]
-                starts = np.cumsum([0] + [rg.num_rows for rg in groups])
-                size = sum(rg.total_byte_size for rg in groups)
+                starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
             except (OSError, ValueError, pa.ArrowException) as e:
                 raise _damaged(path, e) from e
-            got = self._files[shard] = (pf, starts, size)
+            got = self._files[shard] = (pf, starts)
             self._idle[shard] = [pf]
         return got
 
-    def _read(self, shard: int, group: int | None) -> pa.Table:
-        """The text columns of one row group (``group``) or of the whole shard (None), read
-        without the lock on a handle of this call's own."""
+    def _read(self, shard: int, group: int) -> pa.Table:
+        """The text columns of one row group, read without the lock on a handle of this
+        call's own."""
         path = os.path.join(self.dir, f"{shard_name(shard)}.parquet")
         with self._lock:
             idle = self._idle[shard]
@@ -206,8 +204,7 @@ class DocStore:
         try:
             if pf is None:
                 pf = pq.ParquetFile(path, memory_map=True)
-            t = pf.read(columns=list(_TEXT_COLUMNS)) if group is None else \
-                pf.read_row_group(group, columns=list(_TEXT_COLUMNS))
+            t = pf.read_row_group(group, columns=list(_TEXT_COLUMNS))
         except (OSError, ValueError, pa.ArrowException) as e:
             raise _damaged(path, e) from e
         with self._lock:
@@ -234,13 +231,15 @@ class DocStore:
     def _row(self, shard: int, i: int) -> tuple[dict[str, list], int]:
         """(the decoded text columns of the row group holding the shard's row ``i``, i's row there).
 
-        At a shard's first miss, the whole shard is read when it fits in the bound beside
-        what is cached (one read, as a small corpus wants); otherwise only the group. The
-        read and the decoding run outside the lock (~1 ms for a group), so concurrent requests
-        wait for each other only to look up and update the cache; two threads missing the
-        same group at once may both read it, and the first to finish caches it."""
+        A miss reads that one group (``DOCS_ROW_GROUP`` rows, ~1 ms), never the whole shard:
+        reading a whole 250K-document shard for one snippet made the first `funnel search` at
+        1M documents take 4.5-5.5 s (0.4 s with group reads), and each shard a later query
+        touched first cost another second. The read and the decoding run outside the lock,
+        so concurrent requests wait for each other only to look up and update the cache; two
+        threads missing the same group at once may both read it, and the first to finish
+        caches it."""
         with self._lock:
-            _, starts, size = self._file(shard)
+            _, starts = self._file(shard)
             if not 0 <= i < starts[-1]:
                 raise IndexError(f"shard {shard} has {starts[-1]} documents, no document {i}")
             g = int(np.searchsorted(starts, i, side="right")) - 1
@@ -249,20 +248,9 @@ class DocStore:
             if hit is not None:
                 self._groups.move_to_end(key)
                 return hit[0], r
-            whole = self._cached + size <= self.cache_bytes
-            # A whole read decodes only the groups not cached now (g among them).
-            todo = [h for h in range(len(starts) - 1) if (shard, h) not in self._groups] if whole else []
-        t = self._read(shard, None if whole else g)
-        if not whole:
-            hit = self._decode(t)
-            with self._lock:
-                return self._keep(key, hit)[0], r
-        parts = {h: self._decode(t.slice(starts[h], starts[h + 1] - starts[h])) for h in todo}
+        hit = self._decode(self._read(shard, g))
         with self._lock:
-            for h, part in parts.items():
-                if h != g:
-                    self._keep((shard, h), part)
-            return self._keep(key, parts[g])[0], r
+            return self._keep(key, hit)[0], r
 
     def get(self, n: int) -> dict:
         s, i = split_docno(n)

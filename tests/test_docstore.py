@@ -66,6 +66,24 @@ def test_every_document_comes_back_whole_whatever_the_cache_bound(built, cache_b
     assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
 
 
+def test_a_miss_reads_only_the_row_group_it_needs(built):
+    """However large the bound, one document costs one row group's read, never the shard's:
+    the first query at 1M documents read three whole 250K-document shards (~1 s each) to
+    show ten snippets."""
+    vdir, rows = built
+    store = DocStore(vdir, 1, cache_bytes=10 ** 9)
+    reads = []
+    real = store._read
+    store._read = lambda shard, group: reads.append((shard, group)) or real(shard, group)
+    last = (0 << 32) + N_DOCS - 1
+    assert store.get(last)["doc_id"] == f"d{N_DOCS - 1:04d}"
+    assert reads == [(0, 2)] and list(store._groups) == [(0, 2)]
+    assert store.get(last - 1)["text"] == rows[f"d{N_DOCS - 2:04d}"]["text"]
+    assert reads == [(0, 2)]  # the same group, from the cache
+    store.get(0)
+    assert reads == [(0, 2), (0, 0)]
+
+
 def test_a_local_id_past_the_shard_is_an_index_error(built):
     vdir, _ = built
     store = DocStore(vdir, 1)
