@@ -34,9 +34,12 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TextIO
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from . import runbytes
+if TYPE_CHECKING:
+    from . import runbytes  # imported where a run is written: it loads numba (~0.2 s)
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +353,7 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     ids allow it, by one compiled pass that writes the same bytes
     (:func:`funnel.evaluation.runbytes.part_bytes`; SciFact k=100: 45 -> 12-15 µs a query).
     """
+    from . import runbytes
     if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
     written = 0

@@ -85,6 +85,9 @@ class BM25Retriever:
         # k=10 in 330 µs against 396 µs at 100K, k=100 the same (628 / 630 µs); 200K was
         # 1.5x slower at k=10. 0 prunes wherever the bounds allow (tests).
         self.prune_min_postings = PRUNE_MIN_POSTINGS
+        # False: every query takes the NumPy reference path (same rankings and scores), as
+        # where numba is absent; for a process that answers one query (``Searcher(kernels=)``).
+        self.kernels = True
         # [shard-queries where pruning switched to candidates only, postings left unread there]
         self.prune_stats = np.zeros(2, dtype=np.int64)
         self._kernel_args: dict[str, tuple] = {}
@@ -99,7 +102,7 @@ class BM25Retriever:
         self._all_ids = None
 
     def _use_kernel(self) -> bool:
-        return kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
+        return self.kernels and kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
 
     def _shard_args(self, length_norm: str) -> tuple:
         """(meta, code prototype, doc offsets, id ranks) for the kernel, built once per length

@@ -65,12 +65,17 @@ class Searcher:
 
     Each call works on one :class:`VersionSearcher`, taken once at its start, so a
     concurrent ``refresh()`` never mixes two versions inside one query.
+
+    ``kernels=False`` answers every BM25 query on the NumPy reference path, with the same
+    rankings and scores: for a process that answers one query (``funnel search INDEX
+    "text"``), where loading numba's compiled kernels (~0.45 s) costs more than the query.
     """
 
     def __init__(self, root: str, version: str | None = None, verify: str = "cached",
-                 embedder=None, reranker=None, chat=None):
+                 embedder=None, reranker=None, chat=None, kernels: bool = True):
         self.root = root
         self._verify = verify
+        self._kernels = kernels
         self._embedder = embedder
         self._reranker = reranker
         self._chat = chat
@@ -98,8 +103,10 @@ class Searcher:
         self.close()
 
     def _open(self, version: str) -> "VersionSearcher":
-        return VersionSearcher(IndexVersion(self.root, version, verify=self._verify),
-                               self._embedder, self._reranker, self._chat)
+        vs = VersionSearcher(IndexVersion(self.root, version, verify=self._verify),
+                             self._embedder, self._reranker, self._chat)
+        vs.bm25.kernels = self._kernels
+        return vs
 
     def __getattr__(self, name: str):
         # Everything else (search, search_batch, index, bm25, ...) is the current version's.

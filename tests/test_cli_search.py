@@ -129,3 +129,31 @@ def test_a_search_process_does_not_import_pandas(demo_index_1):
             "print('PANDAS', 'pandas' in sys.modules, rc)")
     p = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "PANDAS False 0" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags", [[], ["--mode", "bm25", "--k1", "1.2"], ["--mode", "sira", "--proposer", "prf"]],
+                         ids=["default", "bm25-k1", "sira-prf"])
+def test_one_query_takes_the_numpy_path_and_answers_as_the_kernels_do(demo_index_1, flags):
+    """`funnel search INDEX "text"` answers one query, so it does not load numba's compiled
+    kernels (~0.45 s a process) but scores on the NumPy reference path: no kernel gets a
+    compiled signature in that process, and the hits and scores are the ones a searcher
+    with the kernels returns (the batch path, which keeps them, is checked too)."""
+    import subprocess
+    import sys as _sys
+    from funnel.serving import kernels
+    from funnel.serving.search import open_index
+    code = ("import json, sys; from funnel.serving.cli import main; "
+            f"rc = main(['search', {demo_index_1!r}, {QUERY!r}, '--k', '5', '--json', *{flags!r}]); "
+            "k = sys.modules.get('funnel.serving.kernels'); "
+            "used = sorted(n for n in dir(k) if getattr(getattr(k, n), 'signatures', None)) if k and k.HAVE_NUMBA else []; "
+            "print('KERNELS', json.dumps(used), rc, file=sys.stderr)")
+    p = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "KERNELS [] 0" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+    got = json.loads(p.stdout)["hits"]
+    opts = {"k1": 1.2} if "--k1" in flags else {"proposer": "prf"} if "sira" in flags else {}
+    mode = flags[1] if flags else "bm25"
+    with open_index(demo_index_1) as ix:
+        assert ix.bm25._use_kernel() == kernels.HAVE_NUMBA
+        want = ix.search(QUERY, mode=mode, k=5, **opts).to_dict()["hits"]
+    assert got and [(h["doc_id"], h["score"]) for h in got] == [(h["doc_id"], h["score"]) for h in want]
+    assert got == want
