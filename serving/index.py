@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+from funnel.pipelines.docorder import ID_RANK, id_ranks
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, verify_version,
                                         version_parts)
@@ -87,7 +88,7 @@ def _read_parquet(path: str, columns: list[str], **kw) -> pa.Table:
 
 #: Bytes of decoded document text a ``DocStore`` keeps (``FUNNEL_DOC_CACHE_MIB``, default 1024).
 DOC_CACHE_BYTES = int(float(os.environ.get("FUNNEL_DOC_CACHE_MIB") or 1024) * 2 ** 20)
-_TEXT_COLUMNS = ("title", "text", "content_hash")
+_TEXT_COLUMNS = ("doc_id", "title", "text", "content_hash")
 
 
 class DocStore:
@@ -103,29 +104,8 @@ class DocStore:
     """
 
     def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None):
-        import pyarrow.compute as pc
         self.dir = os.path.join(version_dir, "docs")
         self.n_shards = n_shards
-        columns = [_read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
-                   .column("doc_id") for s in range(n_shards)]
-        # Position of each document's id in the sorted list of all ids: score ties are broken
-        # by doc_id ascending (as Anserini does) with integer compares. Arrow sorts the UTF-8
-        # bytes, which is code point order, as Python's str compare; in C++ it takes ~1 s for
-        # 3M ids where NumPy's argsort over Python strings took several.
-        all_arrow = pa.chunked_array([c for col in columns for c in col.chunks], type=pa.string())
-        rank = np.empty(len(all_arrow), dtype=np.int64)
-        order = pc.sort_indices(all_arrow)  # uint64, no nulls; read as a view: its to_numpy imports pandas
-        rank[np.frombuffer(order.buffers()[1], dtype=np.uint64, count=len(order), offset=8 * order.offset)
-             ] = np.arange(len(all_arrow))
-        bounds = np.cumsum([0] + [len(c) for c in columns])
-        self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
-        # One array of every id; each shard's ids are a view of it (no second copy).
-        self._all_ids = np.asarray(all_arrow.to_pylist(), dtype=object)
-        self.doc_ids: list[np.ndarray] = [self._all_ids[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
-        self._bounds = bounds
-        self._arrow, self._rank = all_arrow, rank
-        self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
-        self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
         self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}  # shard: (file, group starts)
         # Idle read handles per shard. Reads run outside the lock, each on a handle no other
@@ -135,18 +115,71 @@ class DocStore:
         self._groups: OrderedDict[tuple[int, int], tuple[dict[str, list], int]] = OrderedDict()
         self._cached = 0  # text bytes in self._groups
         self._lock = threading.Lock()
+        with self._lock:  # each file's row count, from its footer
+            bounds = np.cumsum([0] + [int(self._file(s)[1][-1]) for s in range(n_shards)])
+        self._bounds = bounds
+        # Position of each document's id in the sorted list of all ids: score ties are broken
+        # by doc_id ascending (as Anserini does) with integer compares. The build stores them
+        # (pipelines.docorder); an index built before that sorts its ids here.
+        self._arrow: pa.ChunkedArray | None = None  # every id, in docno order, once read
+        stored = os.path.join(version_dir, ID_RANK)
+        if os.path.exists(stored):
+            try:
+                rank = np.asarray(np.load(stored, mmap_mode="r", allow_pickle=False))
+            except (OSError, ValueError) as e:
+                raise _damaged(stored, e) from e
+            if rank.shape != (bounds[-1],) or rank.dtype != np.int64:
+                raise _damaged(stored, ValueError(f"{rank.dtype} {rank.shape}, not int64 ({bounds[-1]},), "
+                                                  "one rank per document"))
+        else:
+            rank = id_ranks(self._ids_arrow())
+        self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
+        self._rank = rank
+        # Every id as a Python str, made at the first use that needs them all (a batch's doc
+        # ids, a lookup by id): ~0.1 s at 1M documents that a one-query process never pays.
+        self._all_ids: np.ndarray | None = None
+        self._ids_lock = threading.Lock()
+        self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
+        self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
+
+    def _ids_arrow(self) -> pa.ChunkedArray:
+        """Every doc_id as one Arrow array (docno order), read at the first call."""
+        if self._arrow is None:
+            cols = [_read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
+                    .column("doc_id") for s in range(self.n_shards)]
+            self._arrow = pa.chunked_array([c for col in cols for c in col.chunks], type=pa.string())
+        return self._arrow
+
+    @property
+    def all_ids(self) -> np.ndarray:
+        """Every doc_id (object array, docno order: shard by shard)."""
+        ids = self._all_ids
+        if ids is None:
+            with self._ids_lock:
+                if self._all_ids is None:
+                    self._all_ids = np.asarray(self._ids_arrow().to_pylist(), dtype=object)
+                ids = self._all_ids
+        return ids
+
+    @property
+    def doc_ids(self) -> list[np.ndarray]:
+        """Each shard's doc_ids, views of :attr:`all_ids`."""
+        ids, b = self.all_ids, self._bounds
+        return [ids[b[s]:b[s + 1]] for s in range(self.n_shards)]
 
     def __len__(self) -> int:
-        return len(self._all_ids)
+        return int(self._bounds[-1])
 
     def doc_id(self, n: int) -> str:
         s, i = split_docno(n)
-        return self.doc_ids[s][i]
+        if not 0 <= i < self._bounds[s + 1] - self._bounds[s]:
+            raise IndexError(f"shard {s} has {self._bounds[s + 1] - self._bounds[s]} documents, no document {i}")
+        return self.all_ids[self._bounds[s] + i]
 
     def doc_ids_of(self, docnos: np.ndarray) -> list[str]:
         """Vectorized ``doc_id`` for an array of docnos."""
         docnos = np.asarray(docnos, dtype=np.int64)
-        return self._all_ids[self._bounds[docnos >> 32] + (docnos & 0xFFFFFFFF)].tolist()
+        return self.all_ids[self._bounds[docnos >> 32] + (docnos & 0xFFFFFFFF)].tolist()
 
     def id_table(self):
         """Every id as one byte buffer with offsets and str-order ranks (``runbytes.IdTable``,
@@ -156,7 +189,7 @@ class DocStore:
             from funnel.evaluation import runbytes
             with self._lock:
                 if self._id_table is None:
-                    arr = self._arrow.cast(pa.large_string()).combine_chunks()
+                    arr = self._ids_arrow().cast(pa.large_string()).combine_chunks()
                     raw, off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
                     if len(arr):
                         _, offsets, data = arr.buffers()
@@ -174,7 +207,7 @@ class DocStore:
                 if self._by_id is None:
                     docnos = np.concatenate([(np.int64(s) << 32) + np.arange(len(ids), dtype=np.int64)
                                              for s, ids in enumerate(self.doc_ids)] or [np.zeros(0, np.int64)])
-                    self._by_id = dict(zip(self._all_ids.tolist(), docnos.tolist()))
+                    self._by_id = dict(zip(self.all_ids.tolist(), docnos.tolist()))
                 by_id = self._by_id
         return by_id.get(doc_id)
 
@@ -255,7 +288,7 @@ class DocStore:
     def get(self, n: int) -> dict:
         s, i = split_docno(n)
         cols, r = self._row(s, i)
-        return {"doc_id": self.doc_ids[s][i], "title": cols["title"][r], "text": cols["text"][r],
+        return {"doc_id": cols["doc_id"][r], "title": cols["title"][r], "text": cols["text"][r],
                 "content_hash": cols["content_hash"][r], "shard": s, "local_id": i}
 
 

@@ -99,7 +99,6 @@ class BM25Retriever:
         # Whitespace-delimited chunk of ASCII query text -> global ids of its analyzed terms
         # that the collection knows (see ``query_gids``); bounded, per opened version.
         self._chunk_gids: dict[str, tuple[int, ...]] = {}
-        self._all_ids = None
 
     def _use_kernel(self) -> bool:
         return self.kernels and kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
@@ -238,12 +237,10 @@ class BM25Retriever:
 
     def doc_ids_at(self, pos: np.ndarray) -> np.ndarray:
         """Doc ids (object array) at global positions (shards concatenated in order)."""
-        if self._all_ids is None:
-            ids = self.index.docs.doc_ids
-            self._all_ids = np.concatenate(ids) if len(ids) else np.zeros(0, dtype=object)
-        if len(self._all_ids) == 0:  # an empty index: every row is padding
+        ids = self.index.docs.all_ids
+        if len(ids) == 0:  # an empty index: every row is padding
             return np.full(np.shape(pos), None, dtype=object)
-        return self._all_ids[pos]
+        return ids[pos]
 
     def search_texts(self, texts: list[str], k: int, params: BM25Params | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

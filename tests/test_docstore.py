@@ -126,3 +126,69 @@ def test_concurrent_readers_get_every_document_right(built, cache_bytes):
     assert 1 <= len(store._idle[0]) <= 8
     assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
     assert len(store._groups) == (1 if cache_bytes == 1 else 3)
+
+
+def _ids_in_docno_order(vdir: str) -> list[str]:
+    t = pq.ParquetFile(os.path.join(vdir, "docs", "shard-0000.parquet")).read(columns=["doc_id"])
+    return t.column("doc_id").to_pylist()
+
+
+def test_the_build_stores_each_documents_rank_in_doc_id_order(built):
+    """``docs/id_rank.npy`` (int64, docno order) is each id's position in Python's sorted
+    order of all ids: what breaks score ties. The store memory-maps it and reads no doc_id
+    column at open; a document's id comes with its row group, and every id as a Python str
+    is made only when something needs them all."""
+    import numpy as np
+    from funnel.pipelines.docorder import ID_RANK
+    from funnel.serving import index as index_mod
+    vdir, rows = built
+    ids = _ids_in_docno_order(vdir)
+    rank = np.load(os.path.join(vdir, ID_RANK))
+    assert rank.dtype == np.int64 and rank.tolist() == [sorted(ids).index(i) for i in ids]
+    reads = []
+    real = index_mod._read_parquet
+    index_mod._read_parquet = lambda path, columns, **kw: reads.append(columns) or real(path, columns, **kw)
+    try:
+        store = DocStore(vdir, 1)
+        assert reads == [] and store.id_rank[0].tolist() == rank.tolist() and len(store) == N_DOCS
+        assert store.get(5)["doc_id"] == ids[5] and store._all_ids is None
+        assert store.doc_id(7) == ids[7] and store.all_ids.tolist() == ids and reads == [["doc_id"]]
+    finally:
+        index_mod._read_parquet = real
+
+
+def test_an_index_without_stored_ranks_sorts_its_ids_at_open(built, tmp_path):
+    """A version built before ``id_rank.npy`` existed opens as before: the ranks come from
+    sorting the ids at open, equal to the stored ones."""
+    import shutil
+
+    from funnel.pipelines.artifacts import load_manifest, write_manifest
+    from funnel.pipelines.docorder import ID_RANK
+    from funnel.serving.search import open_index
+    vdir, _ = built
+    root = tmp_path / "old"
+    old = root / os.path.basename(vdir)
+    shutil.copytree(vdir, old, ignore=shutil.ignore_patterns(".readers", ".verified"))
+    (root / "CURRENT").write_text(os.path.basename(vdir))
+    stored = DocStore(vdir, 1).id_rank[0].tolist()
+    os.remove(old / ID_RANK)
+    m = load_manifest(str(old))
+    del m["files"][ID_RANK]
+    write_manifest(str(old), m)
+    with open_index(str(root), verify="full") as ix:
+        assert ix.index.docs.id_rank[0].tolist() == stored
+        assert ix.search("document says word", k=3).hits
+
+
+def test_a_rank_file_of_the_wrong_shape_names_the_file(built, tmp_path):
+    import shutil
+
+    import numpy as np
+    from funnel.pipelines.artifacts import IndexFormatError
+    from funnel.pipelines.docorder import ID_RANK
+    vdir, _ = built
+    bad = tmp_path / "v"
+    shutil.copytree(vdir, bad, ignore=shutil.ignore_patterns(".readers", ".verified"))
+    np.save(bad / ID_RANK, np.arange(N_DOCS - 1, dtype=np.int64))
+    with pytest.raises(IndexFormatError, match=r"id_rank\.npy cannot be read .*one rank per document"):
+        DocStore(str(bad), 1)
