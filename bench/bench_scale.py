@@ -534,6 +534,22 @@ def pisa_available() -> str | None:
     return None
 
 
+def cli_one_query(corpus: str, index: str, runs: int = 3) -> dict:
+    """Wall seconds of whole `funnel search INDEX "QUERY" --k 10` processes (interpreter,
+    imports, open, one query, ten hits with snippets printed): what an agent calling the
+    CLI once per question waits for."""
+    q = next(iter(_queries(corpus, 1).values()))
+    cmd = [sys.executable, "-m", "funnel.serving.cli", "search", index, q, "--k", "10"]
+    walls = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        walls.append(time.perf_counter() - t)
+        if p.returncode != 0:
+            return {"failed": p.stderr[-500:], "query": q}
+    return {"wall_s": walls, "query": q}
+
+
 def run_size(n: int, a, pisa_why: str | None) -> dict:
     lab = label(n)
     corpus = os.path.join(a.synth, lab)
@@ -570,6 +586,10 @@ def run_size(n: int, a, pisa_why: str | None) -> dict:
             print(f"[{lab}] serve {system}: open {sv['open_s']:.2f}s, first query {1000 * sv['first_s']:.0f} ms, "
                   f"p50/p99 k=10 {sv['latency']['10']['p50_ms']:.2f}/{sv['latency']['10']['p99_ms']:.2f} ms, "
                   f"RSS {sv['status_end']['VmRSS'] / MIB:,.0f} MiB", flush=True)
+    if "funnel" in ok:
+        res["cli_one"] = cli_one_query(corpus, idx["funnel"])
+        print(f"[{lab}] `funnel search` one query, whole process: "
+              + " / ".join(f"{x:.2f}" for x in res["cli_one"]["wall_s"]) + " s", flush=True)
     tp = run_child("throughput", {"corpus": corpus, "indexes": {s: idx[s] for s in ok}, "n_queries": a.queries,
                                   "repeats": a.repeats, "sira": a.sira}, work, min_avail)
     res["throughput"] = tp
@@ -745,6 +765,20 @@ def render(results: dict, a, pisa_why: str | None, command: str) -> str:
                      f"| {_mib(st['VmRSS'])} ({_mib(st.get('RssAnon'))} + {_mib(st.get('RssFile'))}) "
                      f"| {_mib(st['VmHWM'])} | {'%.2f' % v['warm_open_sizes_s'] if v.get('warm_open_sizes_s') else '–'} "
                      f"| {'%.2f' % v['warm_open_full_s'] if v.get('warm_open_full_s') else '–'} |")
+    one = {n: results[n]["cli_one"] for n in sizes if results[n].get("cli_one")}
+    if one:
+        L += ["", "One query from the shell: `funnel search INDEX \"QUERY\" --k 10` as a whole process "
+              "(interpreter start, imports, open, the query on the NumPy reference path, ten hits with their "
+              "snippets printed), three runs right after the serving children above. Compare with each "
+              "system's start→first answer in the table above, which is in-process (no interpreter start) and "
+              "returns no document text.", "",
+              "| docs | query | wall s (3 runs) | median s |", "|---:|---|---|---:|"]
+        for n, c in one.items():
+            if "failed" in c:
+                L.append(f"| {int(n):,} | {c['query']} | failed: {c['failed'][:200]} | |")
+            else:
+                L.append(f"| {int(n):,} | {c['query']} | {' / '.join('%.2f' % x for x in c['wall_s'])} "
+                         f"| {sorted(c['wall_s'])[len(c['wall_s']) // 2]:.2f} |")
     L += ["", "PISA: " + (pisa_why or "pyterrier-pisa " + _pkg_version("pyterrier-pisa") + " (PISA's C++ "
           "engine through its Python binding; no Java needed for indexing or retrieval). Indexed with "
           f"threads={os.cpu_count()} (funnel's build uses every core too), queried with threads=1."),
