@@ -562,7 +562,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
-    from funnel.pipelines.docorder import write_id_ranks
+    from funnel.pipelines.docorder import write_doc_ids
     from funnel.pipelines.postings import finalize_shard
     from funnel.pipelines.shard import build_lexical_shard, combine_fingerprints, shard_name
     from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
@@ -659,7 +659,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         for s in range(shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
         del global_terms
-        write_id_ranks(staging, shards)  # each document's rank in doc_id order (pipelines.docorder)
+        write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
 
         manifest = {
             "kind": "funnel-index",

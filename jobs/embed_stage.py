@@ -19,6 +19,7 @@ built and published, whether or not the workers share it.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -82,11 +83,12 @@ def _docs_dataset(docs_dir: str, ship: bool):
     import pyarrow.parquet as pq
     import ray
 
+    files = sorted(glob.glob(os.path.join(docs_dir, "shard-*.parquet")))  # not ids.arrow beside them
     if not ship:
-        return ray.data.read_parquet(docs_dir).select_columns(DOC_COLUMNS)
+        return ray.data.read_parquet(files).select_columns(DOC_COLUMNS)
     refs = []
-    for name in sorted(os.listdir(docs_dir)):
-        f = pq.ParquetFile(os.path.join(docs_dir, name))
+    for path in files:
+        f = pq.ParquetFile(path)
         refs += [ray.put(f.read_row_group(g, columns=DOC_COLUMNS)) for g in range(f.num_row_groups)]
     return ray.data.from_arrow_refs(refs)
 

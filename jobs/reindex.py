@@ -409,7 +409,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
-    from funnel.pipelines.docorder import write_id_ranks
+    from funnel.pipelines.docorder import write_doc_ids
     from funnel.pipelines.postings import finalize_shard
     from funnel.pipelines.reindex import reindex_shard, spill_chunk
     from funnel.pipelines.shard import combine_fingerprints, shard_name
@@ -503,7 +503,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         for s in range(n_shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
         del global_terms
-        write_id_ranks(staging, n_shards)  # each document's rank in doc_id order (pipelines.docorder)
+        write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
         timings["df_reduce"] = round(time.time() - t, 2)
 
         manifest = {k: v for k, v in live.items() if k not in _PUBLISH_KEYS}

@@ -585,6 +585,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     app = create_app(open_index(index_root, chat=chat) if chat is not None else index_root,
                      token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts))
     searcher = app.state.searcher
+    log.info("warm-up query answered in %.2fs", searcher.warm())  # before listening: no request pays it
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-from funnel.pipelines.docorder import ID_RANK, id_ranks
+from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, verify_version,
                                         version_parts)
@@ -119,18 +119,16 @@ class DocStore:
             bounds = np.cumsum([0] + [int(self._file(s)[1][-1]) for s in range(n_shards)])
         self._bounds = bounds
         # Position of each document's id in the sorted list of all ids: score ties are broken
-        # by doc_id ascending (as Anserini does) with integer compares. The build stores them
-        # (pipelines.docorder); an index built before that sorts its ids here.
+        # by doc_id ascending (as Anserini does) with integer compares. The build stores the
+        # ids and their ranks in one memory-mapped file (pipelines.docorder); an index built
+        # before that reads every doc_id column and sorts them here.
         self._arrow: pa.ChunkedArray | None = None  # every id, in docno order, once read
-        stored = os.path.join(version_dir, ID_RANK)
+        stored = os.path.join(version_dir, DOC_IDS)
         if os.path.exists(stored):
             try:
-                rank = np.asarray(np.load(stored, mmap_mode="r", allow_pickle=False))
-            except (OSError, ValueError) as e:
+                self._arrow, rank = open_doc_ids(stored, int(bounds[-1]))
+            except (OSError, ValueError, pa.ArrowException) as e:
                 raise _damaged(stored, e) from e
-            if rank.shape != (bounds[-1],) or rank.dtype != np.int64:
-                raise _damaged(stored, ValueError(f"{rank.dtype} {rank.shape}, not int64 ({bounds[-1]},), "
-                                                  "one rank per document"))
         else:
             rank = id_ranks(self._ids_arrow())
         self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
@@ -170,10 +168,14 @@ class DocStore:
     def __len__(self) -> int:
         return int(self._bounds[-1])
 
+    def shard_size(self, shard: int) -> int:
+        """Documents in ``shard``."""
+        return int(self._bounds[shard + 1] - self._bounds[shard])
+
     def doc_id(self, n: int) -> str:
         s, i = split_docno(n)
-        if not 0 <= i < self._bounds[s + 1] - self._bounds[s]:
-            raise IndexError(f"shard {s} has {self._bounds[s + 1] - self._bounds[s]} documents, no document {i}")
+        if not 0 <= i < self.shard_size(s):
+            raise IndexError(f"shard {s} has {self.shard_size(s)} documents, no document {i}")
         return self.all_ids[self._bounds[s] + i]
 
     def doc_ids_of(self, docnos: np.ndarray) -> list[str]:

@@ -195,6 +195,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
                              "--transport streamable-http")
         ix = open_index(index_root, chat=chat)
         try:
+            ix.warm()  # the first tool call then does not load the compiled kernels (~0.5 s)
             build_mcp_server(ix).run("stdio")
         finally:
             ix.close()  # the version's reader lease goes now, not at interpreter exit
@@ -210,6 +211,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
     ix = open_index(index_root, chat=chat)
+    log.info("warm-up query answered in %.2fs", ix.warm())  # before listening: no request pays it
     server = build_mcp_server(ix)
     app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                   max_request_body_size=max_body_bytes),

@@ -133,62 +133,75 @@ def _ids_in_docno_order(vdir: str) -> list[str]:
     return t.column("doc_id").to_pylist()
 
 
-def test_the_build_stores_each_documents_rank_in_doc_id_order(built):
-    """``docs/id_rank.npy`` (int64, docno order) is each id's position in Python's sorted
-    order of all ids: what breaks score ties. The store memory-maps it and reads no doc_id
-    column at open; a document's id comes with its row group, and every id as a Python str
-    is made only when something needs them all."""
-    import numpy as np
-    from funnel.pipelines.docorder import ID_RANK
+def test_the_build_stores_every_id_and_its_rank_in_doc_id_order(built):
+    """``docs/ids.arrow`` holds every doc_id (docno order) and its position in Python's
+    sorted order of all ids: what breaks score ties. The store memory-maps it and reads no
+    doc_id column of the parquet files; a document's id also comes with its row group, and
+    the ids as Python strs are made only when something needs them all."""
+    import pyarrow as pa
+    from funnel.pipelines.docorder import DOC_IDS
     from funnel.serving import index as index_mod
     vdir, rows = built
     ids = _ids_in_docno_order(vdir)
-    rank = np.load(os.path.join(vdir, ID_RANK))
-    assert rank.dtype == np.int64 and rank.tolist() == [sorted(ids).index(i) for i in ids]
+    stored = pa.ipc.open_file(os.path.join(vdir, DOC_IDS)).read_all()
+    assert stored.column("doc_id").to_pylist() == ids
+    assert stored.column("rank").to_pylist() == [sorted(ids).index(i) for i in ids]
     reads = []
     real = index_mod._read_parquet
     index_mod._read_parquet = lambda path, columns, **kw: reads.append(columns) or real(path, columns, **kw)
     try:
         store = DocStore(vdir, 1)
-        assert reads == [] and store.id_rank[0].tolist() == rank.tolist() and len(store) == N_DOCS
+        assert store.id_rank[0].tolist() == stored.column("rank").to_pylist() and len(store) == N_DOCS
         assert store.get(5)["doc_id"] == ids[5] and store._all_ids is None
-        assert store.doc_id(7) == ids[7] and store.all_ids.tolist() == ids and reads == [["doc_id"]]
+        assert store.doc_id(7) == ids[7] and store.all_ids.tolist() == ids
+        assert reads == []
     finally:
         index_mod._read_parquet = real
 
 
-def test_an_index_without_stored_ranks_sorts_its_ids_at_open(built, tmp_path):
-    """A version built before ``id_rank.npy`` existed opens as before: the ranks come from
-    sorting the ids at open, equal to the stored ones."""
+def _copy_version(vdir: str, dest) -> str:
     import shutil
+    shutil.copytree(vdir, dest, ignore=shutil.ignore_patterns(".readers", ".verified"))
+    return str(dest)
 
+
+def test_an_index_without_the_ids_file_sorts_its_ids_at_open(built, tmp_path):
+    """A version built before ``ids.arrow`` existed opens as before: it reads the doc_id
+    columns and sorts them at open, to the same ranks."""
     from funnel.pipelines.artifacts import load_manifest, write_manifest
-    from funnel.pipelines.docorder import ID_RANK
+    from funnel.pipelines.docorder import DOC_IDS
     from funnel.serving.search import open_index
     vdir, _ = built
     root = tmp_path / "old"
-    old = root / os.path.basename(vdir)
-    shutil.copytree(vdir, old, ignore=shutil.ignore_patterns(".readers", ".verified"))
+    old = _copy_version(vdir, root / os.path.basename(vdir))
     (root / "CURRENT").write_text(os.path.basename(vdir))
-    stored = DocStore(vdir, 1).id_rank[0].tolist()
-    os.remove(old / ID_RANK)
-    m = load_manifest(str(old))
-    del m["files"][ID_RANK]
-    write_manifest(str(old), m)
+    stored = DocStore(vdir, 1)
+    os.remove(os.path.join(old, DOC_IDS))
+    m = load_manifest(old)
+    del m["files"][DOC_IDS]
+    write_manifest(old, m)
     with open_index(str(root), verify="full") as ix:
-        assert ix.index.docs.id_rank[0].tolist() == stored
+        assert ix.index.docs.id_rank[0].tolist() == stored.id_rank[0].tolist()
+        assert ix.index.docs.all_ids.tolist() == stored.all_ids.tolist()
         assert ix.search("document says word", k=3).hits
 
 
-def test_a_rank_file_of_the_wrong_shape_names_the_file(built, tmp_path):
-    import shutil
-
-    import numpy as np
+@pytest.mark.parametrize("rows, says", [(N_DOCS - 1, "expected one row per document"),
+                                        (None, "cannot be read")], ids=["short", "not-arrow"])
+def test_a_damaged_ids_file_names_the_file(built, tmp_path, rows, says):
+    import pyarrow as pa
     from funnel.pipelines.artifacts import IndexFormatError
-    from funnel.pipelines.docorder import ID_RANK
+    from funnel.pipelines.docorder import DOC_IDS, SCHEMA
     vdir, _ = built
-    bad = tmp_path / "v"
-    shutil.copytree(vdir, bad, ignore=shutil.ignore_patterns(".readers", ".verified"))
-    np.save(bad / ID_RANK, np.arange(N_DOCS - 1, dtype=np.int64))
-    with pytest.raises(IndexFormatError, match=r"id_rank\.npy cannot be read .*one rank per document"):
-        DocStore(str(bad), 1)
+    bad = _copy_version(vdir, tmp_path / "v")
+    path = os.path.join(bad, DOC_IDS)
+    if rows is None:
+        with open(path, "wb") as f:
+            f.write(b"not an arrow file")
+    else:
+        t = pa.table([pa.array([f"d{i}" for i in range(rows)]), pa.array(range(rows), type=pa.int64())],
+                     schema=SCHEMA)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
+            w.write_table(t)
+    with pytest.raises(IndexFormatError, match=r"ids\.arrow cannot be read .*" + says if rows else "ids.arrow cannot be read"):
+        DocStore(bad, 1)

@@ -284,10 +284,12 @@ def test_serve_says_where_it_listens_what_it_serves_and_whether_a_token_is_neede
     p = _serve(args, drop_env=("FUNNEL_TOKEN",))
     try:
         deadline = time.monotonic() + 60
-        line = ""
-        while "serving" not in line:
+        line, seen = "", []
+        while " at http://" not in line:
             assert time.monotonic() < deadline and p.poll() is None, "funnel serve did not start"
             line = p.stderr.readline()
+            seen.append(line)
+        assert any("warm-up query answered in" in s for s in seen), seen  # before it listens
         url = re.search(r"at (http://127\.0\.0\.1:\d+)", line).group(1)
         assert f"version {searcher.version}" in line and demo_index_1 in line
         modes = re.search(r"modes: ([^;]+);", line).group(1).split(", ")
@@ -300,3 +302,21 @@ def test_serve_says_where_it_listens_what_it_serves_and_whether_a_token_is_neede
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_warm_answers_a_query_so_the_first_request_loads_nothing(demo_index_1, caplog):
+    """``warm()`` (what `funnel serve` and `funnel mcp` run before listening) answers one
+    query: the compiled kernels are loaded then, not at the first request. Where it fails, it
+    says so and returns: a server still starts."""
+    with open_index(demo_index_1) as ix:
+        docs = ix.index.docs
+        assert not docs._groups
+        assert ix.warm() > 0
+        assert docs._groups  # it answered a query with hits: their text was read
+        real = docs.get
+        docs.get = lambda n: (_ for _ in ()).throw(OSError("disk gone"))
+        try:
+            assert ix.warm() >= 0
+        finally:
+            docs.get = real
+    assert "warm-up query" in caplog.text and "disk gone" in caplog.text
