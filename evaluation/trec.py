@@ -32,9 +32,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TextIO
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
 

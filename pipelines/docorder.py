@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -46,12 +47,19 @@ def int64_view(arr: pa.Array) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=8 * arr.offset)
 
 
-def read_doc_ids(version_dir: str, n_shards: int) -> pa.ChunkedArray:
-    """Every shard's doc_id column of ``docs/shard-NNNN.parquet``, in shard order."""
+def _read_columns(path: str, columns: list[str]) -> pa.Table:
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=columns)
+
+
+def read_doc_ids(version_dir: str, n_shards: int,
+                 read: Callable[[str, list[str]], pa.Table] = _read_columns) -> pa.ChunkedArray:
+    """Every shard's doc_id column of ``docs/shard-NNNN.parquet``, in shard order; ``read``
+    reads one file's columns (serving passes one whose errors name the file)."""
     chunks = []
     for s in range(n_shards):
-        with pq.ParquetFile(os.path.join(version_dir, "docs", f"{shard_name(s)}.parquet")) as f:
-            chunks.extend(f.read(columns=["doc_id"]).column("doc_id").chunks)
+        chunks.extend(read(os.path.join(version_dir, "docs", f"{shard_name(s)}.parquet"), ["doc_id"])
+                      .column("doc_id").chunks)
     return pa.chunked_array(chunks, type=pa.string())
 
 

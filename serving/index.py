@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids
+from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_ids
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, verify_version,
                                         version_parts)
@@ -143,9 +143,7 @@ class DocStore:
     def _ids_arrow(self) -> pa.ChunkedArray:
         """Every doc_id as one Arrow array (docno order), read at the first call."""
         if self._arrow is None:
-            cols = [_read_parquet(os.path.join(self.dir, f"{shard_name(s)}.parquet"), columns=["doc_id"])
-                    .column("doc_id") for s in range(self.n_shards)]
-            self._arrow = pa.chunked_array([c for col in cols for c in col.chunks], type=pa.string())
+            self._arrow = read_doc_ids(os.path.dirname(self.dir), self.n_shards, _read_parquet)
         return self._arrow
 
     @property
