@@ -116,7 +116,6 @@ def norm_bytes(doclen: np.ndarray) -> np.ndarray:
     return _searched_norms(a.astype(np.int64))
 
 
-
 def denominator_table(params: "BM25Params", avgdl: float, max_len: int) -> np.ndarray:
     """``k1 · (1 - b + b · L / avgdl)`` for every length code a document can have.
 
