@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import regex
 
 from .porter import porter_stem
-from .porter_kernel import stem_ascii
 
 #: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`` (33 words).
 LUCENE_ENGLISH_STOPWORDS = frozenset(
@@ -214,7 +213,10 @@ class Analyzer:
                 for t in toks:
                     if t not in stems and t.isascii():
                         todo[t] = None
-        fresh = dict(zip(todo, stem_ascii(list(todo)))) if todo else {}
+        fresh = {}
+        if todo:
+            from .porter_kernel import stem_ascii  # numba: imported by builds, not by a query
+            fresh = dict(zip(todo, stem_ascii(list(todo))))
         for t, st in fresh.items():
             if len(stems) >= WORD_CACHE_SIZE:
                 break
