@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import string
 from collections import Counter
 from dataclasses import dataclass
 
@@ -59,12 +58,6 @@ _CONNECTOR_ONLY = regex.compile(r"[\p{WB=ExtendNumLet}\p{WB=Extend}\p{WB=Format}
 _SPLIT_AT = "[" + "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspace()) + "]"
 _GLUED_TO_SPACE = regex.compile(f"{_SPLIT_AT}[\\p{{WB=Extend}}\\p{{WB=Format}}\\p{{WB=ZWJ}}]"
                                 f"|[\\p{{WB=Extend}}\\p{{WB=Format}}\\p{{WB=ZWJ}}]{_SPLIT_AT}")
-# ASCII punctuation that UAX#29 never joins to a word it ends or starts when whitespace is
-# on its other side (MidNum/MidLetter/MidNumLet join only between letters or digits): a
-# word that is ASCII letters and digits between runs of these is that one token. Not "_"
-# (ExtendNumLet: "_x" and "x_" are one segment each). Checked against the segmenter on
-# every combination in tests/test_analysis.py.
-_EDGE_PUNCT = string.punctuation.replace("_", "")
 _POSSESSIVE_ENDINGS = ("'s", "'S", "\u2019s", "\u2019S", "\uff07s", "\uff07S")
 # Java's Character.toLowerCase maps each code point to one code point; Python's str.lower
 # maps U+0130 to two and lowercases a word-final capital sigma to ς. Fix those up.
@@ -113,14 +106,6 @@ def _segment_tokens(seg: str) -> list[str]:
                 continue
         tokens.append(_java_lower(tok))
     return tokens
-
-
-def _plain_core(word: str) -> str | None:
-    """The one UAX#29 segment of a word that is ASCII letters and digits, alone or between
-    runs of ``_EDGE_PUNCT`` (WB5, WB8-WB10 keep it whole; the punctuation is no token), or
-    None: such a word needs no regex."""
-    core = word if word.isalnum() else word.strip(_EDGE_PUNCT)
-    return core if core and core.isascii() and core.isalnum() else None
 
 
 def tokenize_raw(text: str) -> list[str]:
@@ -180,53 +165,12 @@ class Analyzer:
                 self._stems[token] = got
         return got
 
-    def _word_tokens(self, text: str) -> list[str]:
-        """The unstemmed tokens of one word (or a whole text), stopwords removed."""
-        core = _plain_core(text)
-        segs = (core,) if core is not None else _SEGMENT.findall(text)
-        stop = self._stopwords
-        return [t for seg in segs for t in _segment_tokens(seg) if t not in stop]
-
     def _analyze_word(self, text: str) -> str | tuple[str, ...]:
-        terms = self._word_tokens(text)
-        if self._stemmer is not None:
-            terms = [self._stem(t) for t in terms]
+        stem, stop = (self._stem if self._stemmer is not None else None), self._stopwords
+        # An ASCII letters-and-digits word is one UAX#29 segment (WB5, WB8-WB10): no regex.
+        segs = (text,) if text.isascii() and text.isalnum() else _SEGMENT.findall(text)
+        terms = [stem(t) if stem is not None else t for seg in segs for t in _segment_tokens(seg) if t not in stop]
         return (terms[0] if terms else "") if len(terms) < 2 else tuple(terms)
-
-    def analyze_words(self, words: list[str]) -> list[str | tuple[str, ...]]:
-        """``[self._analyze_word(w) for w in words]`` ("" for no term, the term for one, a
-        tuple for several), with every ASCII token that no earlier call stemmed stemmed in
-        one compiled call (``porter_kernel.stem_ascii``). What the build analyzes each
-        batch's new words with."""
-        stop, stems, stemming = self._stopwords, self._stems, self._stemmer is not None
-        tokens = []
-        todo: dict[str, None] = {}
-        for w in words:
-            core = _plain_core(w)
-            if core is not None and len(core) <= MAX_TOKEN_LENGTH:  # one token, no regex
-                t = core.lower()
-                toks = () if t in stop else (t,)
-            else:
-                toks = self._word_tokens(w)
-            tokens.append(toks)
-            if stemming:
-                for t in toks:
-                    if t not in stems and t.isascii():
-                        todo[t] = None
-        fresh = {}
-        if todo:
-            from .porter_kernel import stem_ascii  # numba: imported by builds, not by a query
-            fresh = dict(zip(todo, stem_ascii(list(todo))))
-        for t, st in fresh.items():
-            if len(stems) >= WORD_CACHE_SIZE:
-                break
-            stems[t] = st
-        out: list = []
-        for toks in tokens:
-            if stemming and toks:
-                toks = [fresh[t] if t in fresh else self._stem(t) for t in toks]
-            out.append((toks[0] if toks else "") if len(toks) < 2 else tuple(toks))
-        return out
 
     def split_words(self, text: str) -> list[str] | None:
         """The whitespace-separated words :meth:`analyze` analyzes one at a time (its

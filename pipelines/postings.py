@@ -91,12 +91,11 @@ class PostingsBuilder:
     tokens and Python ints, and the peak follows the shard's postings, not its token
     stream. The result equals :func:`build_postings` of the same token lists.
 
-    :meth:`add_texts` analyzes and adds in one step without a Python step per token: each
+    :meth:`add_text` analyzes and adds in one step without a Python step per token: each
     distinct word maps (once) to its terms' ids, a document's ids are appended to a
     pending int32 stream, and every STREAM_TOKENS tokens the stream becomes postings in
     one NumPy sort (1M synthetic documents: the build's analysis and inversion ~1/3
-    cheaper). A batch's new words are analyzed together, their stems in one compiled
-    call. The result equals ``add(analyzer.analyze(text))`` for each text.
+    cheaper). The result equals ``add(analyzer.analyze(text))``'s.
     """
 
     #: Pending tokens (4 bytes each, 8 while sorted) turned into postings at a time.
@@ -116,44 +115,24 @@ class PostingsBuilder:
 
     def add_text(self, text: str, analyzer) -> None:
         """``add(analyzer.analyze(text))``, faster (see the class docstring)."""
-        self.add_texts([text], analyzer)
-
-    def add_texts(self, texts: Sequence[str], analyzer) -> None:
-        """:meth:`add_text` of each text in order; the words that none of the earlier texts
-        had are analyzed together (``analyzer.analyze_words``), so their stems come from one
-        compiled call: add a few hundred texts at a time."""
-        cache, vocab = self._word_ids, self.vocab
-        docs, pending = [], set()
-        for text in texts:
-            words = analyzer.split_words(text)
-            got = None if words is None else list(map(cache.get, words))
-            miss = got is not None and None in got
-            if miss:
-                pending.update(words)
-            docs.append((text, words, got, miss))
-        fresh = {}  # this batch's new words -> their terms' ids, where the cache is full
-        if pending:
-            new = list(pending.difference(cache))
-            for w, terms in zip(new, analyzer.analyze_words(new)):
-                ids = (() if not terms else (vocab.setdefault(terms, len(vocab)),)) if terms.__class__ is str \
-                    else tuple([vocab.setdefault(t, len(vocab)) for t in terms])
-                if len(cache) < WORD_CACHE_SIZE:
-                    cache[w] = ids
-                else:
-                    fresh[w] = ids
-        for text, words, got, miss in docs:
-            if words is None:
-                self.add(analyzer.analyze(text))
-                continue
-            if miss:
-                got = list(map(cache.get, words))
-                if fresh:
-                    got = [g if g is not None else fresh[w] for w, g in zip(words, got)]
-            n0 = len(self._stream)
-            self._stream.extend(chain.from_iterable(got))
-            self._lens.append(len(self._stream) - n0)
-            if len(self._stream) >= self.STREAM_TOKENS:
-                self._flush()
+        words = analyzer.split_words(text)
+        if words is None:
+            return self.add(analyzer.analyze(text))
+        cache = self._word_ids
+        got = list(map(cache.get, words))
+        if None in got:
+            vocab = self.vocab
+            for i, g in enumerate(got):
+                if g is None:
+                    w = words[i]
+                    g = got[i] = tuple([vocab.setdefault(t, len(vocab)) for t in analyzer.word_terms(w)])
+                    if len(cache) < WORD_CACHE_SIZE:
+                        cache[w] = g
+        n0 = len(self._stream)
+        self._stream.extend(chain.from_iterable(got))
+        self._lens.append(len(self._stream) - n0)
+        if len(self._stream) >= self.STREAM_TOKENS:
+            self._flush()
 
     def _flush(self) -> None:
         """The pending stream's documents as postings (sorted (term, doc) pairs and counts)."""

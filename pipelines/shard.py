@@ -58,11 +58,12 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
     texts = [str(rows["text"][i]) for i in keep]
     hashes = [str(rows["content_hash"][i]) for i in keep]
     builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
-    for i in range(0, len(texts), PROGRESS_EVERY):
-        batch = range(i, min(i + PROGRESS_EVERY, len(texts)))
-        builder.add_texts([flat_document(titles[j], texts[j]) for j in batch], analyzer)
-        if progress is not None:
-            progress(len(batch))
+    for i, (t, x) in enumerate(zip(titles, texts), start=1):
+        builder.add_text(flat_document(t, x), analyzer)
+        if progress is not None and i % PROGRESS_EVERY == 0:
+            progress(PROGRESS_EVERY)
+    if progress is not None and len(texts) % PROGRESS_EVERY:
+        progress(len(texts) % PROGRESS_EVERY)
     post = builder.finish()
     name = shard_name(shard)
     write_shard(os.path.join(out_dir, "lexical", name), post)

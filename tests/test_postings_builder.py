@@ -1,4 +1,4 @@
-"""``PostingsBuilder.add_text`` and ``add_texts`` (what the build inverts documents with: word -> term ids once,
+"""``PostingsBuilder.add_text`` (what the build inverts documents with: word -> term ids once,
 a pending id stream turned into postings by NumPy, a counting sort at ``finish``) against
 ``add(analyzer.analyze(text))`` (the token lists it replaces): the same terms, df, cf, CSR
 arrays and document lengths, with texts that take the whole-text analysis, empty and
@@ -62,23 +62,6 @@ def test_add_text_equals_adding_the_analyzed_tokens(monkeypatch, stream_tokens):
         else:
             b.add(a.analyze(t))
     assert _same(b.finish(), want)
-
-
-@pytest.mark.parametrize("batch", [7, 100, 10_000])
-def test_add_texts_in_batches_equals_adding_the_analyzed_tokens(monkeypatch, batch):
-    """The build's call: each batch's new words are analyzed together (plain words' stems in
-    one compiled call); a word new to two texts of a batch, the whole-text path inside a
-    batch, and a full word cache (words past it still map through the batch's own table)."""
-    texts = _texts(seed=5)
-    want = _reference(texts, Analyzer())
-    for cache_size in (postings.WORD_CACHE_SIZE, 10):
-        monkeypatch.setattr(postings, "WORD_CACHE_SIZE", cache_size)
-        b, a = PostingsBuilder(), Analyzer()
-        for i in range(0, len(texts), batch):
-            b.add_texts(texts[i:i + batch], a)
-        assert _same(b.finish(), want)
-        if cache_size == 10:
-            assert len(b._word_ids) == 10
 
 
 def test_the_counting_sort_equals_lexsort(monkeypatch):
