@@ -23,11 +23,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
 from ..pipelines.postings import BLOCK_FILES
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from .index import IndexVersion
 
+
+
+class _Kernels:
+    """Stands for ``serving.kernels`` until its first attribute is read, which imports it and
+    puts the module itself in this name: importing it imports numba (~0.15 s a process), and
+    a process that answers on the NumPy path (``Searcher(kernels=False)``: one query from the
+    shell) never needs it."""
+
+    def __getattr__(self, name: str):
+        global kernels
+        from . import kernels as module
+        kernels = module
+        return getattr(module, name)
+
+
+kernels = _Kernels()
 _DEFAULT = BM25Params()
 PRUNE_MIN_POSTINGS = 30_000  # see BM25Retriever.prune_min_postings
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
