@@ -565,7 +565,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     from funnel.pipelines.docorder import write_doc_ids
     from funnel.pipelines.postings import finalize_shard
     from funnel.pipelines.shard import build_lexical_shard, combine_fingerprints, shard_name
-    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
+    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats, write_vocabulary
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -655,10 +655,11 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                         [os.path.join(edir, f"audit-{s:04d}.parquet") for s in range(shards)],
                         [os.path.join(edir, f"docs-{s:04d}.parquet") for s in range(shards)])
             timings["enrich"] = round(time.time() - t, 2)
-        global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+        global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+        write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
         for s in range(shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
-        del global_terms
+        del global_terms, df, cf
         write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
 
         manifest = {

@@ -413,7 +413,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     from funnel.pipelines.postings import finalize_shard
     from funnel.pipelines.reindex import reindex_shard, spill_chunk
     from funnel.pipelines.shard import combine_fingerprints, shard_name
-    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats
+    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats, write_vocabulary
 
     if keep_versions is not None and keep_versions < 1:
         raise ValueError(f"--keep must be at least 1 (the live version is always kept), got {keep_versions}")
@@ -499,10 +499,11 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         t = time.time()
         term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(n_shards)]
         stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
-        global_terms, _, _ = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+        global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+        write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
         for s in range(n_shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
-        del global_terms
+        del global_terms, df, cf
         write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
         timings["df_reduce"] = round(time.time() - t, 2)
 

@@ -18,7 +18,6 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Callable, Generic, TypeVar
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,7 +30,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         version_parts)
 from funnel.pipelines.postings import load_block_maxima, load_shard
 from funnel.pipelines.shard import shard_name
-from funnel.pipelines.stats import load_vocabulary
+from funnel.pipelines.stats import read_vocabulary
 
 from .bm25 import ShardScorer, idf_lucene
 from .result import split_docno
@@ -326,7 +325,7 @@ class IndexVersion:
             self._load()
         except IndexFormatError:
             raise
-        except (OSError, ValueError, KeyError, IndexError, TypeError, duckdb.Error) as e:
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             raise IndexFormatError(
                 f"index version {self.dir} cannot be opened ({type(e).__name__}: {e}); it is damaged or was "
                 "written by another funnel. Run `funnel verify INDEX_ROOT` and rebuild the index "
@@ -353,7 +352,7 @@ class IndexVersion:
         self.n_docs_nonempty = int(coll["n_docs_nonempty"])
         self.avgdl = float(coll["avgdl"])
         self.n_shards = int(coll["n_shards"])
-        terms, df, cf = load_vocabulary(os.path.join(self.dir, "stats.duckdb"))
+        terms, df, cf = read_vocabulary(self.dir, int(coll["n_terms"]) if "n_terms" in coll else None)
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(terms)}
         self.df = df
         self.cf = cf
