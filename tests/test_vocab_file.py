@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
