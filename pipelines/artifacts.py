@@ -273,6 +273,18 @@ def save_npy_atomic(path: str, array) -> None:
     os.replace(tmp, path)
 
 
+def save_arrow_atomic(path: str, table) -> None:
+    """An Arrow table as one uncompressed IPC file (one record batch, so a reader memory-maps
+    each column as one array) at a unique temporary name, fsynced, renamed over ``path``."""
+    import pyarrow as pa
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(1, len(table)))
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
     with open(tmp, "wb") as f:

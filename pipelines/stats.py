@@ -22,7 +22,6 @@ Arrow copy existed is read from it.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -110,19 +109,12 @@ def _vocab_schema():
 
 def write_vocabulary(version_dir: str, terms, df: np.ndarray, cf: np.ndarray) -> None:
     """Write :data:`VOCAB` (the terms table of ``load_vocabulary``) into ``version_dir`` before
-    it is published: one record batch, uncompressed, written to a temporary name, fsynced and
-    renamed."""
+    it is published (``artifacts.save_arrow_atomic``)."""
     import pyarrow as pa
-    schema = _vocab_schema()
-    table = pa.table([pa.array(list(terms), pa.string()), pa.array(np.asarray(df, np.int64)),
-                      pa.array(np.asarray(cf, np.int64))], schema=schema)
-    path = os.path.join(version_dir, VOCAB)
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_table(table, max_chunksize=max(1, len(table)))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    from .artifacts import save_arrow_atomic
+    save_arrow_atomic(os.path.join(version_dir, VOCAB), pa.table(
+        [pa.array(list(terms), pa.string()), pa.array(np.asarray(df, np.int64)), pa.array(np.asarray(cf, np.int64))],
+        schema=_vocab_schema()))
 
 
 def read_vocabulary(version_dir: str, n_terms: int | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
