@@ -28,7 +28,6 @@ from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from .index import IndexVersion
 
 
-
 class _Kernels:
     """Stands for ``serving.kernels`` until its first attribute is read, which imports it and
     puts the module itself in this name: importing it imports numba (~0.15 s a process), and
