@@ -51,6 +51,8 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
 
 def _counted_embed_cls():
     """``EmbedBatch`` that adds each batch to the build's progress counter (a Ray actor)."""
+    import ray
+
     from funnel.pipelines.embed import EmbedBatch
 
     class CountedEmbedBatch(EmbedBatch):
@@ -63,7 +65,14 @@ def _counted_embed_cls():
             out = super().__call__(batch)
             if self.counter is not None:
                 n = len(out["embedding"])
-                self.counter.add.remote("embed", docs=n, cached=n - (self.embedded - before))
+                # Waited for: Ray orders one caller's calls, not this actor's against the
+                # driver's, so a driver reading the counter after the last batch could
+                # otherwise miss this batch (reindex reports its vectors from these counts).
+                try:
+                    ray.get(self.counter.add.remote("embed", docs=n, cached=n - (self.embedded - before)),
+                            timeout=60)
+                except Exception as e:  # a count is a report, never worth a failed batch
+                    log.warning("embedding progress counter unreachable (%s): counts may be short", e)
             return out
 
     return CountedEmbedBatch
