@@ -47,6 +47,13 @@ def int64_view(arr: pa.Array) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=8 * arr.offset)
 
 
+def int64_column(col: pa.ChunkedArray) -> np.ndarray:
+    """A null-free int64 column as one writable NumPy array (a copy of its chunks: numba
+    compiles another version of a kernel for a read-only array)."""
+    chunks = [c for c in col.chunks if len(c)]
+    return np.concatenate([int64_view(c) for c in chunks]) if chunks else np.zeros(0, np.int64)
+
+
 def _read_columns(path: str, columns: list[str]) -> pa.Table:
     with pq.ParquetFile(path) as f:
         return f.read(columns=columns)
@@ -82,6 +89,4 @@ def open_doc_ids(path: str, n_docs: int) -> tuple[pa.ChunkedArray, np.ndarray]:
                          f"expected one row per document ({n_docs}) of (doc_id string, rank int64)")
     if table.column("rank").null_count or table.column("doc_id").null_count:
         raise ValueError("has empty doc_ids or ranks")
-    chunks = [c for c in table.column("rank").chunks if len(c)]
-    rank = np.concatenate([int64_view(c) for c in chunks]) if chunks else np.zeros(0, np.int64)
-    return table.column("doc_id"), rank
+    return table.column("doc_id"), int64_column(table.column("rank"))

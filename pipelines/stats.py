@@ -127,7 +127,7 @@ def read_vocabulary(version_dir: str, n_terms: int | None = None) -> tuple[list[
         terms, df, cf = load_vocabulary(os.path.join(version_dir, "stats.duckdb"))
         return terms.tolist(), df, cf
     import pyarrow as pa
-    from .docorder import int64_view
+    from .docorder import int64_column
     try:
         table = pa.ipc.open_file(pa.memory_map(path)).read_all()
     except (pa.ArrowInvalid, OSError) as e:
@@ -138,10 +138,5 @@ def read_vocabulary(version_dir: str, n_terms: int | None = None) -> tuple[list[
                          f"{'' if n_terms is None else f'{n_terms} rows of '}(term string, df int64, cf int64)")
     if any(table.column(c).null_count for c in ("term", "df", "cf")):
         raise ValueError(f"{path} has empty terms or counts")
-
-    def counts(name: str) -> np.ndarray:
-        chunks = [c for c in table.column(name).chunks if len(c)]
-        return np.concatenate([int64_view(c) for c in chunks]) if chunks else np.zeros(0, np.int64)
-
-    return table.column("term").to_pylist(), counts("df"), counts("cf")
+    return table.column("term").to_pylist(), int64_column(table.column("df")), int64_column(table.column("cf"))
 
