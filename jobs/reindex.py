@@ -10,8 +10,14 @@ and changed ones, drops deleted ones, recomputes the global statistics (DF reduc
 DuckDB, N, avgdl) and the FAISS shards, and publishes a new version atomically with the
 live one as its parent. The new version is the one a full build of the new corpus would
 publish: the same documents, local ids, postings, statistics and vectors, file for file.
+Fields and ACLs (``pipelines/fields.py``) are diffed too: a document whose text is the same
+and whose fields are not is neither analyzed nor embedded; its stored row and the field
+columns are rewritten (the schema declared at build, or inferred again over the new corpus).
+Where no text changed at all (an ACL revoked, a label moved), the statistics, vocabulary, doc
+ids, vectors and FAISS shards are the live version's files, copied: such a reindex takes
+about the time to read the corpus.
 
-A corpus with no added, changed or deleted document publishes nothing ("no changes"),
+A corpus with no added, changed or deleted document (nor new fields) publishes nothing ("no changes"),
 unless ``--force``. A failure at any point publishes nothing; the live version stays.
 
 Executors: ``local`` runs the stages in this process (no Ray start-up: the right choice for
@@ -65,6 +71,7 @@ class ReindexReport:
     rejects_path: str = ""
     dense: dict | None = None     # vectors: reused (from the live version), from_cache, embedded
     enrichment: dict | None = None  # an enriched index's new enrichment section (its counts: cached, asked)
+    fields_changed: int = 0  # documents whose text is unchanged and whose fields (an ACL, a label) are not
 
     @property
     def published(self) -> bool:
@@ -162,11 +169,13 @@ def _embed_spec(manifest: dict, embed_model: str | None, batch_size: int, gpu: b
 
 
 def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | None, batch_size: int,
-                       fingerprint: dict | None) -> tuple[int, dict]:
-    """Embed every row of ``delta/*.parquet`` in this process; (embedded, model fingerprint).
+                       fingerprint: dict | None, passages=None) -> tuple[int, int, dict]:
+    """Embed every row of ``delta/*.parquet`` in this process; (vectors, embedded, model fingerprint).
 
     With the model's ``fingerprint`` known (the live version's), a shard whose vectors
-    are all in the embedding cache is served from it without loading the model.
+    are all in the embedding cache is served from it without loading the model. With
+    ``passages`` enabled each document is split first (which needs the model's tokenizer)
+    and its passages' vectors come from the cache where their text is unchanged.
     """
     import numpy as np
     import pyarrow.parquet as pq
@@ -177,25 +186,42 @@ def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str 
     if fingerprint is not None and cache_dir is not None:
         cache = EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint)
     eb = None
+    n_vectors = 0
     for name in sorted(os.listdir(delta_dir)):
         t = pq.read_table(os.path.join(delta_dir, name))
         shard = int(t.column("shard")[0].as_py())
         local = t.column("local_id").to_numpy()
         cols = {c: np.asarray(t.column(c).to_pylist(), dtype=object) for c in ("title", "text", "content_hash")}
+        if passages is not None and passages.enabled:
+            from funnel.pipelines.passages import embed_passages, splitter_spec
+            from funnel.pipelines.vectors import write_passage_shard
+            eb = eb or EmbedBatch(spec, cache_dir)
+            split = splitter_spec(eb.provider, passages)
+            cols["local_id"] = local.astype(np.int64)
+            parts = [embed_passages(eb, split, {c: v[i:i + batch_size] for c, v in cols.items()}, batch_size)
+                     for i in range(0, len(local), batch_size)]
+            vecs = np.vstack([p[0] for p in parts])
+            write_passage_shard(out_dir, os.path.join(out_dir, "passages"), shard, vecs,
+                                *np.hstack([p[1] for p in parts]))
+            n_vectors += len(vecs)
+            continue
         found, vecs = cache.get_many(list(cols["content_hash"])) if cache is not None else (None, None)
         if found is None or not found.all():
             eb = eb or EmbedBatch(spec, cache_dir)
             vecs = np.vstack([eb({c: v[i:i + batch_size] for c, v in cols.items()})["embedding"]
                               for i in range(0, len(local), batch_size)])
         write_dense_shard(out_dir, shard, vecs, (np.int64(shard) << 32) | local)
-    return (eb.embedded, eb.provider.fingerprint()) if eb is not None else (0, fingerprint)
+        n_vectors += len(vecs)
+    return (n_vectors, eb.embedded, eb.provider.fingerprint()) if eb is not None else (n_vectors, 0, fingerprint)
 
 
 def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | None, batch_size: int,
-                     n_rows: int, actor_options: dict, release_ray: bool = False) -> tuple[int, int]:
+                     n_rows: int, actor_options: dict, release_ray: bool = False, split: dict | None = None
+                     ) -> tuple[int, int]:
     """Embed ``delta/*.parquet`` on a Ray Data actor pool, as the build's dense stage does;
-    ``release_ray``: stop Ray once the vectors are on this process's disk (nothing after
-    this runs on Ray), so that its workers' memory is free for the FAISS shards."""
+    (vectors, embedded). ``release_ray``: stop Ray once the vectors are on this process's
+    disk (nothing after this runs on Ray), so that its workers' memory is free for the FAISS
+    shards. ``split``: a ``splitter_spec``; documents are split into passages first."""
     import warnings
 
     import ray
@@ -210,16 +236,22 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
         n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
     n_actors = max(1, min(n_actors, -(-n_rows // batch_size)))
     ds = ray.data.read_parquet(delta_dir).repartition(max(1, min(4 * n_actors, -(-n_rows // batch_size))))
+    if split is not None:  # a row per passage from here on (pipelines.passages.split_batch)
+        from funnel.pipelines.passages import split_batch
+        ds = ds.map_batches(split_batch, fn_kwargs={"spec": split}, batch_size=batch_size, batch_format="numpy")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         ds = ds.map_batches(_counted_embed_cls(), fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
                                                                        "counter": counter},
                             batch_size=batch_size, batch_format="numpy",
                             compute=ray.data.ActorPoolStrategy(size=n_actors), **res, **actor_options)
-    spool = VectorSpool(out_dir, out_dir + "-spill")  # only the shards with changed documents
-    for batch in ds.select_columns(["shard", "local_id", "embedding"]).iter_batches(batch_size=None,
-                                                                                   batch_format="numpy"):
-        spool.add(batch["shard"], batch["local_id"], batch["embedding"])
+    spans = ["ordinal", "char_start", "char_end"] if split is not None else []
+    spool = VectorSpool(out_dir, out_dir + "-spill",  # only the shards with changed documents
+                        passages_dir=os.path.join(out_dir, "passages") if split is not None else None)
+    for batch in ds.select_columns(["shard", "local_id", "embedding"] + spans).iter_batches(batch_size=None,
+                                                                                           batch_format="numpy"):
+        spool.add(batch["shard"], batch["local_id"], batch["embedding"],
+                  passages=tuple(batch[c] for c in spans) if split is not None else None)
     if spool.count:
         spool.finish()
     shutil.rmtree(out_dir + "-spill", ignore_errors=True)
@@ -228,26 +260,42 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
         ray.shutdown()
         log.info("ray: stopped the local Ray this reindex started (nothing left to run on it); "
                  "its workers' memory is free for the FAISS stage")
-    return int(c.get("docs", 0)), int(c.get("docs", 0)) - int(c.get("cached", 0))
+    return int(c.get("vectors", 0)), int(c.get("vectors", 0)) - int(c.get("cached", 0))
 
 
 def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, live_fp: dict | None,
                  reuse_live: bool, executor: str, cache_dir: str | None, batch_size: int,
-                 actor_options: dict, release_ray: bool = False) -> dict:
-    """Vectors of every document (reused or embedded), then the FAISS shards; the manifest's dense section."""
+                 actor_options: dict, release_ray: bool = False, passages=None,
+                 live_passages: dict | None = None) -> dict:
+    """Vectors of every document (reused or embedded), then the FAISS shards; the manifest's dense section.
+
+    ``passages`` (PassageSettings): split as the live version did (``live_passages``, its
+    manifest section), or by these settings where nothing of the live version is reused."""
     import numpy as np
 
-    from funnel.pipelines.reindex import assemble_vectors
-    from funnel.pipelines.vectors import build_dense_index, write_dense_shard
+    from funnel.pipelines.reindex import assemble_passages, assemble_vectors
+    from funnel.pipelines.vectors import build_dense_index, write_dense_shard, write_passage_shard
     delta_dir, emb_dir = os.path.join(work, "delta"), os.path.join(work, "delta-emb")
     n_delta = sum(r["to_embed"] for r in shard_rows)
-    embedded, fingerprint = 0, live_fp if reuse_live else None
+    embedded, rows, fingerprint = 0, 0, live_fp if reuse_live else None
+    on = passages is not None and passages.enabled
+    section = {**live_passages} if on and reuse_live and live_passages else None
+    split = None  # the splitter's spec, where Ray's tasks need it or the section is new
+    if on and (section is None or (n_delta and executor == "ray")):
+        from funnel.pipelines.embed import make_provider
+        from funnel.pipelines.passages import passages_manifest, splitter_spec
+        probe = make_provider(spec)
+        split = splitter_spec(probe, passages)
+        section = section or passages_manifest(split)
+        fingerprint = fingerprint or probe.fingerprint()
+        del probe
     if n_delta:
         if executor == "ray":
-            _, embedded = _embed_delta_ray(delta_dir, emb_dir, spec, cache_dir, batch_size, n_delta, actor_options,
-                                           release_ray)
+            rows, embedded = _embed_delta_ray(delta_dir, emb_dir, spec, cache_dir, batch_size, n_delta, actor_options,
+                                              release_ray, split=split)
         else:
-            embedded, fingerprint = _embed_delta_local(delta_dir, emb_dir, spec, cache_dir, batch_size, fingerprint)
+            rows, embedded, fingerprint = _embed_delta_local(delta_dir, emb_dir, spec, cache_dir, batch_size,
+                                                             fingerprint, passages)
     if fingerprint is None:  # Ray embedded it (or nothing was): ask the model once, here
         from funnel.pipelines.embed import make_provider
         fingerprint = make_provider(spec).fingerprint()
@@ -255,6 +303,10 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
     dense_dir = os.path.join(staging, "dense")
     for r in shard_rows:
         s = int(r["shard"])
+        if on:
+            vecs, *cols = assemble_passages(work, s, int(r["n_docs"]), dim, emb_dir)
+            write_passage_shard(dense_dir, os.path.join(staging, "passages"), s, vecs, *cols)
+            continue
         ids_p, emb_p = os.path.join(emb_dir, f"ids-{s:04d}.npy"), os.path.join(emb_dir, f"emb-{s:04d}.npy")
         have = os.path.exists(ids_p)
         vecs, docnos = assemble_vectors(work, s, int(r["n_docs"]), dim, np.load(ids_p) if have else None,
@@ -262,13 +314,15 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
         write_dense_shard(dense_dir, s, vecs, docnos)
     info = build_dense_index(dense_dir, len(shard_rows), fingerprint=fingerprint)
     info["fingerprint"] = fingerprint
+    if on:
+        info["passages"] = {**section, "n_docs": sum(int(r["n_docs"]) for r in shard_rows)}
     if cache_dir is not None and embedded:
         from funnel.pipelines.embed import EmbeddingCache, default_cache_root
         EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint).compact()
     reused = sum(r["vectors_reused"] for r in shard_rows)
     log.info("dense: %d vectors reused from the live version, %d from the embedding cache, %d embedded",
-             reused, n_delta - embedded, embedded)
-    return info, {"reused": reused, "from_cache": n_delta - embedded, "embedded": embedded}
+             reused, rows - embedded, embedded)
+    return info, {"reused": reused, "from_cache": rows - embedded, "embedded": embedded}
 
 
 # -- an enriched live version ----------------------------------------------------------------
@@ -341,7 +395,9 @@ def _reindex_enriched(root: str, local: str, corpus: str, base: str, vdir: str, 
     rep = build(corpus, root, shards=len(live["shards"]), strict=strict, fmt=spec.format, id_field=spec.id_field,
                 title_field=spec.title_field, text_field=spec.text_field, keep_versions=keep_versions,
                 dense=want_dense, embed_model=model, embed_batch_size=embed_batch_size, num_cpus=num_cpus,
-                engine="ray" if executor == "ray" else "local", enrich=settings, enrich_cache=enrich_cache)
+                engine="ray" if executor == "ray" else "local", enrich=settings, enrich_cache=enrich_cache,
+                fields=spec.fields, acl_absent=(live.get("fields") or {}).get("acl_absent", "public"),
+                passages=_passage_settings(live))
     diff = _content_diff(vdir, os.path.join(local, rep.version))
     secs = round(time.time() - t0, 2)
     return ReindexReport(rep.version, base, root, rep.n_docs, rep.n_rejects, **diff, shards_rebuilt=rep.n_shards,
@@ -428,7 +484,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     spec = CorpusSpec(path=corpus, format=fmt or live_spec.get("format", "auto"),
                       id_field=id_field if id_field is not None else live_spec.get("id_field"),
                       title_field=title_field or live_spec.get("title_field", "title"),
-                      text_field=text_field or live_spec.get("text_field", "text"))
+                      text_field=text_field or live_spec.get("text_field", "text"),
+                      fields=live_spec.get("fields"))  # declared at build: a wrong-typed value is a reject
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)  # a missing corpus fails here, before any write
     n_shards = len(live["shards"])
     want_dense = bool(live.get("dense")) if dense is None else bool(dense)
@@ -466,16 +523,19 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         timings["read"] = round(time.time() - t, 2)
         t = time.time()
         analyzer = Analyzer()
-        shard_rows = _map(executor, reindex_shard, [(s, work, vdir, staging, analyzer.config.to_dict(), vectors)
-                                                    for s in range(n_shards)])
+        passages = _passage_settings(live)
+        shard_rows = _map(executor, reindex_shard, [(s, work, vdir, staging, analyzer.config.to_dict(), vectors,
+                                                     passages.enabled) for s in range(n_shards)])
         shard_rows.sort(key=lambda r: r["shard"])
         timings["diff_shards"] = round(time.time() - t, 2)
-        diff = {k: sum(int(r[k]) for r in shard_rows) for k in ("unchanged", "changed", "added", "deleted")}
+        diff = {k: sum(int(r[k]) for r in shard_rows)
+                for k in ("unchanged", "fields_changed", "changed", "added", "deleted")}
         rebuilt = sum(1 for r in shard_rows if not r["copied"])
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
         n_rejects = collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
-        log.info("reindex: %d unchanged, %d changed, %d added, %d deleted; %d rejected; %d of %d shards rebuilt",
-                 diff["unchanged"], diff["changed"], diff["added"], diff["deleted"], n_rejects, rebuilt, n_shards)
+        log.info("reindex: %d unchanged, %d with new fields only, %d changed, %d added, %d deleted; %d rejected; "
+                 "%d of %d shards rebuilt", diff["unchanged"], diff["fields_changed"], diff["changed"], diff["added"],
+                 diff["deleted"], n_rejects, rebuilt, n_shards)
         if n_docs == 0:
             kept, _ = keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {sum(r['rows'] + r['rejects'] for r in read)} "
@@ -485,7 +545,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             with open(os.path.join(staging, "rejects.jsonl")) as f:
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
-        no_change = not (diff["changed"] or diff["added"] or diff["deleted"]) and \
+        no_change = not (diff["changed"] or diff["added"] or diff["deleted"] or diff["fields_changed"]) and \
             want_dense == bool(live.get("dense")) and vectors != "all"
         if no_change and not force:
             if n_rejects:
@@ -497,15 +557,27 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                                  seconds=secs, executor=executor, stage_seconds=timings)
 
         t = time.time()
-        term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(n_shards)]
-        stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
-        global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
-        write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
-        for s in range(n_shards):
-            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
-        del global_terms, df, cf
-        write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
-        timings["df_reduce"] = round(time.time() - t, 2)
+        # Fields or ACLs alone changed (or --force with no change): every shard holds the live
+        # version's texts in its order, so its statistics, vocabulary, doc ids and vectors are
+        # the live version's files, copied rather than recomputed.
+        only_fields = all(r["same_text"] for r in shard_rows) and want_dense == bool(live.get("dense")) \
+            and vectors != "all"
+        if only_fields:
+            _copy_live_files(vdir, live, staging)
+            stats = None
+        else:
+            term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(n_shards)]
+            stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
+            global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
+            write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
+            for s in range(n_shards):
+                finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
+            del global_terms, df, cf
+            write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
+        timings["copy_live" if only_fields else "df_reduce"] = round(time.time() - t, 2)
+        t = time.time()
+        fields_section = _fields_stage(staging, n_shards, spec.fields, live)
+        timings["fields"] = round(time.time() - t, 2)
 
         manifest = {k: v for k, v in live.items() if k not in _PUBLISH_KEYS}
         manifest.update({
@@ -513,19 +585,27 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                        "fingerprint": combine_fingerprints([r["fingerprint_sum"] for r in shard_rows]),
                        "n_docs": n_docs, "n_rejects": n_rejects},
             "analyzer": analyzer.describe(),
-            "collection": stats.to_dict(),
+            "collection": live["collection"] if stats is None else stats.to_dict(),
             "shards": [{"shard": s, "n_docs": int(r["n_docs"]), "total_terms": int(r["total_terms"]),
                         "n_terms": int(r["n_terms"])} for s, r in enumerate(shard_rows)],
             "dense": None,
             "build": {"seconds": None, "stages": timings, "ray": ray_info},
         })
+        manifest.pop("fields", None)  # the new columns' section, as the build writes it (none: no fields)
+        if fields_section is not None:
+            manifest["fields"] = fields_section
         vec_counts = None
-        if want_dense:
+        if want_dense and only_fields:  # the live vectors and FAISS shards, copied
+            manifest["dense"] = live["dense"]
+            vec_counts = {"reused": sum(int(r["vectors_reused"]) for r in shard_rows), "from_cache": 0, "embedded": 0}
+        elif want_dense:
             t = time.time()
             manifest["dense"], vec_counts = _dense_stage(staging, work, shard_rows, spec_embed, live_fp,
                                                          vectors == "reuse", executor, embed_cache,
                                                          embed_batch_size, actor_options,
-                                                         release_ray=ray_info.get("cluster") == "local")
+                                                         release_ray=ray_info.get("cluster") == "local",
+                                                         passages=passages,
+                                                         live_passages=(live.get("dense") or {}).get("passages"))
             timings["dense"] = round(time.time() - t, 2)
         manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
@@ -540,6 +620,46 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     return ReindexReport(version, base, root, n_docs, n_rejects, **diff, shards_rebuilt=rebuilt, n_shards=n_shards,
                          seconds=secs, executor=executor, stage_seconds=timings,
                          rejects_path=os.path.join(root, version, "rejects.jsonl"), dense=vec_counts)
+
+
+def _copy_live_files(vdir: str, live: dict, staging: str) -> None:
+    """Copy into ``staging`` every file of the live version (its manifest's list, checked when
+    the reindex began) that the shards did not write, but the stored rows, the field columns
+    and the rejects, which are the new version's own."""
+    for rel in live["files"]:
+        dst = os.path.join(staging, rel)
+        if rel.startswith(("docs/shard-", "fields/")) or rel == "rejects.jsonl" or os.path.exists(dst):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(os.path.join(vdir, rel), dst)
+
+
+def _fields_stage(staging: str, n_shards: int, declared: dict | None, live: dict) -> dict | None:
+    """Write the new version's field columns from its docs tables, as the build does; its
+    manifest ``fields`` section (None: no fields).
+
+    A declared schema (``funnel build --fields``) stays the declared one, its values checked
+    as rows are read (a wrong-typed value is a reject naming the row and the field); an
+    inferred one is inferred again over the new corpus, so a field that appears or whose
+    values change type gets the columns a full build of that corpus would give it.
+    ``acl_absent`` stays the live version's."""
+    from funnel.pipelines.fields import write_columns
+    live_section = live.get("fields") or {}
+    section = write_columns(staging, n_shards, declared, live_section.get("acl_absent", "public"))
+    old, new = live_section.get("schema") or {}, (section or {}).get("schema") or {}
+    if old != new:
+        moved = [f"{n}: {old.get(n, 'not filterable')} -> {new.get(n, 'not filterable')}"
+                 for n in sorted(old.keys() | new.keys()) if old.get(n) != new.get(n)]
+        log.warning("filterable fields changed with the corpus (%s); a filter naming a field that is no longer "
+                    "filterable is an error", "; ".join(moved))
+    return section
+
+
+def _passage_settings(live: dict):
+    """How the new version splits documents: as the live version did (documents whole if its
+    vectors are), or the build's default where it has no vectors."""
+    from funnel.pipelines.passages import PassageSettings, settings_from_manifest
+    return settings_from_manifest(live["dense"].get("passages")) if live.get("dense") else PassageSettings()
 
 
 def _fingerprint_of(spec: dict) -> dict:
@@ -565,7 +685,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="publish a new version even when no document was added, changed or deleted")
     p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
-    p.add_argument("--format", dest="fmt", default=None, choices=["auto", "beir", "jsonl", "parquet"],
+    p.add_argument("--format", dest="fmt", default=None, choices=["auto", "beir", "jsonl", "parquet", "files"],
                    help="corpus format (default: the live version's)")
     p.add_argument("--id-field", default=None, help="the document id field (default: the live version's)")
     p.add_argument("--title-field", default=None, help="the title field (default: the live version's)")
@@ -594,6 +714,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def describe_report(rep: ReindexReport) -> str:
     diff = (f"{rep.unchanged} unchanged, {rep.changed} changed, {rep.added} added, {rep.deleted} deleted, "
             f"{rep.n_rejects} rejected")
+    if rep.fields_changed:
+        diff = f"{rep.fields_changed} with new fields only (nothing analyzed or embedded), " + diff
     if not rep.published:
         return (f"no changes: {rep.index_root}/{rep.base_version} stays live ({diff}; {rep.seconds:.1f}s); "
                 "nothing published (--force publishes anyway)")

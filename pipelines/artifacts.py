@@ -783,6 +783,11 @@ def _gc_debris(root: str, report: GcReport) -> None:
         path = os.path.join(root, name)
         if name.startswith(".work-") and name[len(".work-"):] in live:
             report.kept.append((path, "its build is running"))
+        elif name.startswith("rejects-") and name.endswith(".jsonl"):  # a failed build's reasons
+            if name[len("rejects-"):-len(".jsonl")] in live:
+                report.kept.append((path, "its build is running"))
+            else:
+                _remove(path, report)
         elif name.startswith((".work-", ".trash-", ".new-")) or (name.startswith(CURRENT + ".")
                                                                   and name.endswith(".tmp")):
             _remove(path, report)
@@ -830,7 +835,8 @@ def gc(root: str, keep: int | None = None) -> GcReport:
     """Remove the debris of killed builds and, with ``keep``, versions beyond the newest ``keep``.
 
     Debris is ``.staging-*`` (and its ``.work-*``) whose build lock no process holds,
-    ``.trash-*`` of interrupted deletes, ``.new-*`` and stray ``CURRENT.*.tmp``. The
+    ``.trash-*`` of interrupted deletes, ``.new-*``, stray ``CURRENT.*.tmp`` and the
+    ``rejects-*.jsonl`` a build whose every row was rejected kept for its error message. The
     version CURRENT names is never removed, and no version is while CURRENT is missing
     or broken. Nothing at all is removed while a publish (or another gc) holds
     ``root/.lock``: gc does not wait for it, and the report says so.

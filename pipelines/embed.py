@@ -19,6 +19,7 @@ import asyncio
 import base64
 import hashlib
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -36,7 +37,8 @@ from .artifacts import save_npy_atomic
 log = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingProvider",
-           "resolve_model", "canonical_model_name", "make_provider", "EmbedBatch",
+           "resolve_model", "canonical_model_name", "make_provider", "EmbedBatch", "TokenizeBatch",
+           "DocumentTokenizer", "length_buckets",
            "EmbeddingCache", "default_cache_root", "fingerprint_key", "FINGERPRINT_FIELDS"]
 
 #: The fields of a fingerprint that determine the vectors (``kind`` only says how they
@@ -203,6 +205,57 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
+class DocumentTokenizer:
+    """Texts -> ``(ids, lengths)``: a fixed-width NumPy matrix of token ids and each row's length.
+
+    Why: transformers' tokenizer call spends most of its time in Python, turning the Rust
+    tokenizer's nested lists into tensors (DESIGN.md, the GPU measurements); a GPU then waits
+    on it. This calls the same Rust tokenizer (``tokenizers``) and fills one NumPy array, and
+    its output is plain arrays that a CPU stage can hand to GPU actors. Truncation (with the
+    special tokens counted) matches what sentence-transformers asks of the same tokenizer.
+
+    Parameters
+    ----------
+    tokenizer_json : str
+        A ``tokenizers.Tokenizer`` serialised with ``to_str()``.
+    max_length : int
+        Tokens per text, special tokens included; also the matrix's width.
+    truncation_side : {"right", "left"}
+    pad_id : int
+        Written in the padding positions (the model masks them; see :func:`length_buckets`).
+    """
+
+    def __init__(self, tokenizer_json: str, max_length: int, truncation_side: str = "right", pad_id: int = 0):
+        from tokenizers import Tokenizer
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=int(max_length), direction=truncation_side)
+        self.max_length = int(max_length)
+        self.pad_id = int(pad_id)
+        # uint16 halves what a CPU stage ships to the GPU actors when every id fits (BERT's 30,522).
+        fits = self.tokenizer.get_vocab_size(with_added_tokens=True) <= np.iinfo(np.uint16).max
+        self.dtype = np.uint16 if fits else np.int32
+
+    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        rows = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
+        lengths = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
+        ids = np.full((len(rows), self.max_length), self.pad_id, dtype=self.dtype)
+        if len(rows):
+            flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=self.dtype, count=int(lengths.sum()))
+            ids[np.arange(self.max_length) < lengths[:, None]] = flat  # row-major: row by row, in order
+        return ids, lengths
+
+
+def length_buckets(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Row numbers in batches of at most ``batch_size`` rows of similar length, longest first.
+
+    Each batch is padded only to its own longest row, so little of the model's work is spent
+    on padding (what ``SentenceTransformer.encode`` does by sorting its input by length).
+    """
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i:i + batch_size] for i in range(0, len(order), max(1, int(batch_size)))]
+
+
 class _ProviderBase:
     """Prompts, fingerprint and async wrappers shared by the providers; each has ``_encode``."""
 
@@ -292,6 +345,61 @@ class SentenceTransformerProvider(_ProviderBase):
         out = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
                                 normalize_embeddings=self.normalize, show_progress_bar=False)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def tokenizer_spec(self) -> dict | None:
+        """:class:`DocumentTokenizer`'s arguments for this model (what a CPU stage in another
+        process needs to tokenize for it), or ``None`` where the model needs
+        sentence-transformers' own preprocessing: no Rust tokenizer, lower-casing done by
+        sentence-transformers, or a first module that is not a text transformer."""
+        if not hasattr(self, "_tok_spec"):
+            self._tok_spec = None
+            first = self.model[0] if len(self.model) else None
+            tok = getattr(self.model, "tokenizer", None)
+            backend = getattr(tok, "backend_tokenizer", None)
+            max_length = getattr(self.model, "max_seq_length", None)
+            if (type(first).__name__ == "Transformer" and backend is not None and max_length
+                    and not getattr(first, "do_lower_case", False)):
+                self._tok_spec = {"tokenizer_json": backend.to_str(), "max_length": int(max_length),
+                                  "truncation_side": getattr(tok, "truncation_side", "right") or "right",
+                                  "pad_id": int(getattr(tok, "pad_token_id", None) or 0)}
+        return self._tok_spec
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Documents (document prompt applied) -> ``(n, dim)`` float32, through
+        :class:`DocumentTokenizer` and :meth:`embed_tokens` where the model allows
+        (:meth:`tokenizer_spec`), else ``SentenceTransformer.encode``; the two agree to float
+        rounding (``tests/test_embed_gpu_path.py``)."""
+        spec = self.tokenizer_spec() if len(texts) else None
+        if spec is None:
+            return super().embed_documents(texts)
+        if getattr(self, "_doc_tokenizer", None) is None:
+            self._doc_tokenizer = DocumentTokenizer(**spec)
+        return self.embed_tokens(*self._doc_tokenizer([self.document_prompt + t for t in texts]))
+
+    def embed_tokens(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Token ids from :class:`DocumentTokenizer` -> ``(n, dim)`` float32 vectors.
+
+        The model runs on :func:`length_buckets` of ``batch_size`` rows, each cut to its
+        longest row; pooling and normalisation happen on the model's device, and the vectors
+        come back to the host once, in input order.
+        """
+        import torch
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        device = self.model.device
+        out = torch.empty((len(lengths), self.dim), dtype=torch.float32, device=device)
+        with torch.inference_mode():
+            for rows in length_buckets(lengths, self.batch_size):
+                width = max(1, int(lengths[rows].max()))
+                x = torch.from_numpy(ids[rows, :width].astype(np.int64)).to(device, non_blocking=True)
+                n = torch.from_numpy(lengths[rows]).to(device, non_blocking=True)
+                mask = (torch.arange(width, device=device) < n[:, None]).to(torch.int64)
+                emb = self.model({"input_ids": x, "attention_mask": mask})["sentence_embedding"].float()
+                if self.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=1)
+                out[torch.from_numpy(rows).to(device)] = emb
+        return out.cpu().numpy()
 
 
 
@@ -411,6 +519,44 @@ def _as_str_list(col) -> list[str]:
     return ["" if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in col]
 
 
+def _document_texts(batch: dict[str, np.ndarray]) -> list[str]:
+    """``title + "\\n" + text`` per row (``text`` alone without a title column)."""
+    texts = _as_str_list(batch["text"])
+    if "title" not in batch:
+        return texts
+    return [f"{t}\n{x}" for t, x in zip(_as_str_list(batch["title"]), texts)]
+
+
+#: The columns :class:`TokenizeBatch` adds and :class:`EmbedBatch` consumes.
+TOKEN_COLUMNS = ("input_ids", "n_tokens")
+
+
+class TokenizeBatch:
+    """Ray Data ``map_batches`` callable for a CPU stage ahead of GPU embedding actors.
+
+    Replaces ``title`` and ``text`` with ``input_ids`` ``(n, max_length)`` and ``n_tokens``
+    ``(n,)`` (:class:`DocumentTokenizer`, document prompt applied); :class:`EmbedBatch`
+    then runs only the model on them. Other columns pass through.
+
+    Parameters
+    ----------
+    tokenizer_spec : dict
+        :meth:`SentenceTransformerProvider.tokenizer_spec` of the embedding model.
+    document_prompt : str
+        The provider's document prompt.
+    """
+
+    def __init__(self, tokenizer_spec: dict, document_prompt: str = ""):
+        self.tokenize = DocumentTokenizer(**tokenizer_spec)
+        self.prompt = document_prompt
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        docs = _document_texts(batch)
+        out = {k: v for k, v in batch.items() if k not in ("title", "text")}
+        out["input_ids"], out["n_tokens"] = self.tokenize([self.prompt + d for d in docs])
+        return out
+
+
 class EmbedBatch:
     """Ray Data ``map_batches`` callable: adds an ``embedding`` column ``(n, dim)`` float32.
 
@@ -436,23 +582,30 @@ class EmbedBatch:
         self.embedded = 0  # documents run through the model (the rest came from the cache)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        titles = _as_str_list(batch["title"]) if "title" in batch else None
-        texts = _as_str_list(batch["text"])
-        docs = [f"{t}\n{x}" for t, x in zip(titles, texts)] if titles is not None else texts
-        n = len(docs)
+        if "input_ids" in batch:  # tokenized by a TokenizeBatch stage: only the model runs here
+            n = len(batch["input_ids"])
+
+            def embed(rows):
+                return self.provider.embed_tokens(batch["input_ids"][rows], batch["n_tokens"][rows])
+        else:
+            docs = _document_texts(batch)
+            n = len(docs)
+
+            def embed(rows):
+                return self.provider.embed_documents([docs[i] for i in rows])
         if self.cache is not None and "content_hash" in batch:
             hashes = _as_str_list(batch["content_hash"])
             found, vectors = self.cache.get_many(hashes)
             missing = np.flatnonzero(~found)
             if len(missing):
-                fresh = self.provider.embed_documents([docs[i] for i in missing])
+                fresh = embed(missing)
                 vectors[missing] = fresh
                 self.cache.put_many([hashes[i] for i in missing], fresh)
                 self.embedded += len(missing)
         else:
-            vectors = self.provider.embed_documents(docs) if n else np.zeros((0, self.provider.dim), np.float32)
+            vectors = embed(np.arange(n)) if n else np.zeros((0, self.provider.dim), np.float32)
             self.embedded += n
-        out = dict(batch)
+        out = {k: v for k, v in batch.items() if k not in TOKEN_COLUMNS}
         out["embedding"] = np.ascontiguousarray(vectors, dtype=np.float32)
         return out
 

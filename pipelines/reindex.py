@@ -9,7 +9,9 @@ Why the result is the full build's, byte for byte: documents go to the shard
 the build drops them (first in corpus order wins), and a shard's documents keep corpus
 order, so every document gets the ``local_id`` a full build would give it. A document
 whose ``content_hash`` matches the live version keeps its term counts and length, read
-back from the live postings; only new and changed documents are analyzed. The postings
+back from the live postings; only new and changed documents are analyzed. A document whose
+text is unchanged but whose fields (an ACL, a label) differ keeps its postings and vectors too:
+only its stored row is rewritten, and the field columns after it. The postings
 are then re-sorted exactly as :func:`funnel.pipelines.postings.build_postings` sorts
 them (terms in code point order, doc ids ascending within a term). A shard whose
 documents are all unchanged and in the same order is copied as it is.
@@ -19,6 +21,8 @@ Work files (``WORK`` is the reindex's ``INDEX_ROOT/.work-<id>``)::
     rows/shard-NNNN/chunk-CCCCCC.arrow     the new corpus's valid rows, hash-partitioned (Arrow IPC)
     rejects/chunk-CCCCCC.json, shard-NNNN.json   the build's reject files (same format)
     dense/part-NNNN.npy                    a shard's vectors reused from the live version
+    dense/ppart-NNNN.npy, .spans.npy       with passages: the reused documents' passage vectors and
+                                           (new local id, ordinal, char_start, char_end) rows
     delta/shard-NNNN.parquet               its documents that still need a vector
 """
 
@@ -39,9 +43,10 @@ from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
 from .postings import POSTING_FILES, ShardPostings, add_document, write_shard
 from .shard import corpus_fingerprint_part, shard_name
 
-ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line")
+ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
 _ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
-                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64())])
+                         ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64()),
+                         ("fields", pa.string())])  # fields: the row's other fields as canonical JSON
 _DELTA_SCHEMA = pa.schema([("shard", pa.int64()), ("local_id", pa.int64()), ("title", pa.string()),
                            ("text", pa.string()), ("content_hash", pa.string())])
 
@@ -66,7 +71,7 @@ def spill_chunk(chunk: dict, spec: dict, n_shards: int, work_dir: str) -> dict:
     for s, rows in by_shard.items():
         d = os.path.join(work_dir, "rows", shard_name(s))
         os.makedirs(d, exist_ok=True)
-        table = pa.table({k: [r[k] for r in rows] for k in ROW_COLUMNS}, schema=_ROW_SCHEMA)
+        table = pa.table({k: [r.get(k) for r in rows] for k in ROW_COLUMNS}, schema=_ROW_SCHEMA)
         # Arrow IPC, uncompressed: a work file read once, where Parquet's encoding costs more than it saves.
         with pa.OSFile(os.path.join(d, f"chunk-{c.index:06d}.arrow"), "wb") as sink, \
                 pa.ipc.new_file(sink, _ROW_SCHEMA) as writer:
@@ -117,22 +122,31 @@ def dedupe_rows(rows: dict[str, Sequence] | pa.Table) -> tuple[list[int], list[d
 
 
 def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: Sequence[str],
-                   old_hashes: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Match a shard's new documents against its live ones by id and content hash.
+                   old_hashes: Sequence[str], new_fields: Sequence[str | None] | None = None,
+                   old_fields: Sequence[str | None] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Match a shard's new documents against its live ones by id, content hash and fields.
+
+    ``content_hash`` covers the title and text only; a document's fields (ACL included) are
+    compared as their canonical JSON (:func:`funnel.pipelines.fields.encode_fields` sorts
+    keys and fixes separators, so equal fields are equal strings). A document whose text is
+    the same but whose fields differ keeps its postings and vectors (it is in ``reuse``) and
+    is counted as ``fields_changed``: only its stored row and the field columns change.
 
     Returns
     -------
     reuse : np.ndarray of int64, shape (len(old_ids),)
-        For each live document, its position among the new ones when it is unchanged
+        For each live document, its position among the new ones when its text is unchanged
         (same id, same content hash), else -1 (changed or deleted).
     fresh : np.ndarray of int64
         Positions of the new documents that must be analyzed (changed or added), ascending.
     counts : dict
-        ``unchanged``, ``changed``, ``added``, ``deleted``.
+        ``unchanged``, ``fields_changed``, ``changed``, ``added``, ``deleted``.
     """
     old_pos = {d: i for i, d in enumerate(old_ids)}
+    if old_fields is not None:  # None and "" alike: no fields
+        old_fields = [f or None for f in old_fields]
     reuse = np.full(len(old_ids), -1, dtype=np.int64)
-    fresh, changed, added = [], 0, 0
+    fresh, changed, added, relabeled = [], 0, 0, 0
     for j, (d, h) in enumerate(zip(new_ids, new_hashes)):
         i = old_pos.get(d)
         if i is None:
@@ -143,10 +157,12 @@ def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: S
             fresh.append(j)
         else:
             reuse[i] = j
-    unchanged = int((reuse >= 0).sum())
-    deleted = len(old_ids) - unchanged - changed
-    return reuse, np.asarray(fresh, dtype=np.int64), {"unchanged": unchanged, "changed": changed,
-                                                      "added": added, "deleted": deleted}
+            if new_fields is not None and (new_fields[j] or None) != (old_fields[i] if old_fields else None):
+                relabeled += 1
+    kept = int((reuse >= 0).sum())
+    deleted = len(old_ids) - kept - changed
+    return reuse, np.asarray(fresh, dtype=np.int64), {"unchanged": kept - relabeled, "fields_changed": relabeled,
+                                                      "changed": changed, "added": added, "deleted": deleted}
 
 
 # -- postings ----------------------------------------------------------------------------
@@ -226,7 +242,7 @@ def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.
 
 def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:
     """``docs/shard-NNNN.parquet`` exactly as ``build_lexical_shard`` writes it, from ``rows``
-    (doc_id, title, text, content_hash in local order)."""
+    (doc_id, title, text, content_hash and, where any row has one, fields, in local order)."""
     os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
     n = rows.num_rows
     table = pa.table({
@@ -235,21 +251,26 @@ def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:
         "shard": pa.array(np.full(n, shard, dtype=np.int32)),
         "local_id": pa.array(np.arange(n, dtype=np.int32)),
     })
+    if "fields" in rows.column_names and rows.column("fields").null_count < n:  # as the build: only if any
+        table = table.append_column("fields", rows.column("fields"))
     pq.write_table(table, os.path.join(out_dir, "docs", f"{shard_name(shard)}.parquet"), row_group_size=DOCS_ROW_GROUP)
 
 
 # -- pass 2: one shard -------------------------------------------------------------------
 
 
-def _read_live_docs(live_dir: str, shard: int) -> tuple[list[str], list[str]]:
-    t = pq.read_table(os.path.join(live_dir, "docs", f"{shard_name(shard)}.parquet"),
-                      columns=["doc_id", "content_hash", "local_id"])
+def _read_live_docs(live_dir: str, shard: int) -> tuple[list[str], list[str], list[str | None]]:
+    """(doc ids, content hashes, fields JSON or None) of a live shard, in local order."""
+    pf = pq.ParquetFile(os.path.join(live_dir, "docs", f"{shard_name(shard)}.parquet"))
+    has_fields = "fields" in pf.schema_arrow.names  # a shard none of whose documents had a field has no column
+    t = pf.read(columns=["doc_id", "content_hash", "local_id"] + (["fields"] if has_fields else []))
     local = t.column("local_id").to_numpy()
     ids, hashes = t.column("doc_id").to_pylist(), t.column("content_hash").to_pylist()
+    fields = t.column("fields").to_pylist() if has_fields else [None] * len(ids)
     if not np.array_equal(local, np.arange(len(local))):  # the build writes them in local order
         order = np.argsort(local, kind="stable")
-        ids, hashes = [ids[i] for i in order], [hashes[i] for i in order]
-    return ids, hashes
+        ids, hashes, fields = [ids[i] for i in order], [hashes[i] for i in order], [fields[i] for i in order]
+    return ids, hashes, fields
 
 
 def _live_vectors(live_dir: str, shard: int) -> tuple[np.ndarray, np.ndarray]:
@@ -262,16 +283,19 @@ def _live_vectors(live_dir: str, shard: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyzer_config: dict,
-                  vectors: str = "none") -> dict:
+                  vectors: str = "none", passages: bool = False) -> dict:
     """Rebuild shard ``shard`` of the new version in ``out_dir`` from the live version and the spill.
 
     ``vectors``: ``"none"`` (no dense stage), ``"reuse"`` (take unchanged documents'
     vectors from the live version's ``dense/``; the rest go to ``delta/``) or ``"all"``
     (every document goes to ``delta/``: the live version has no vectors of this model).
+    ``passages``: the vectors are passages (the live version's, split the same way): an
+    unchanged document keeps all its passages' vectors and spans.
 
     Returns the build's shard summary (n_docs, n_docs_nonempty, total_terms, n_terms,
     fingerprint_sum) plus the diff counts, ``copied`` (the live shard was copied as it
-    is) and ``to_embed`` / ``vectors_reused``.
+    is), ``same_text`` (its postings were: only fields may differ) and ``to_embed`` /
+    ``vectors_reused``.
     """
     spilled = read_spilled_rows(work_dir, shard)
     keep, rejects = dedupe_rows(spilled)
@@ -280,18 +304,23 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
         json.dump(rejects, f)
     rows = spilled.take(pa.array(keep, pa.int64())).combine_chunks()  # local order
     doc_ids, hashes = rows.column("doc_id").to_pylist(), rows.column("content_hash").to_pylist()
-    old_ids, old_hashes = _read_live_docs(live_dir, shard)
-    reuse, fresh, counts = diff_documents(doc_ids, hashes, old_ids, old_hashes)
+    old_ids, old_hashes, old_fields = _read_live_docs(live_dir, shard)
+    reuse, fresh, counts = diff_documents(doc_ids, hashes, old_ids, old_hashes,
+                                          rows.column("fields").to_pylist(), old_fields)
     name = shard_name(shard)
     src, dst = os.path.join(live_dir, "lexical", name), os.path.join(out_dir, "lexical", name)
-    copied = doc_ids == old_ids and counts["unchanged"] == len(doc_ids)
-    if copied:  # the same documents in the same order: the live files are the new ones
+    same_text = doc_ids == old_ids and counts["unchanged"] + counts["fields_changed"] == len(doc_ids)
+    copied = same_text and not counts["fields_changed"]
+    if same_text:  # the same documents in the same order: the live postings are the new ones
         os.makedirs(dst, exist_ok=True)
         for f in POSTING_FILES + ("terms.parquet",):
             shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
-        os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
-        shutil.copyfile(os.path.join(live_dir, "docs", f"{name}.parquet"),
-                        os.path.join(out_dir, "docs", f"{name}.parquet"))
+        if copied:
+            os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
+            shutil.copyfile(os.path.join(live_dir, "docs", f"{name}.parquet"),
+                            os.path.join(out_dir, "docs", f"{name}.parquet"))
+        else:  # new fields (an ACL, a label) on the same texts: only the stored rows change
+            write_docs_table(out_dir, shard, rows)
         doclen = np.load(os.path.join(dst, "doclen.npy"))
         n_terms = pq.ParquetFile(os.path.join(dst, "terms.parquet")).metadata.num_rows
         nonempty, total = int(np.count_nonzero(doclen)), int(doclen.sum())
@@ -309,9 +338,10 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
         n_terms, nonempty, total = len(post.terms), int(np.count_nonzero(post.doclen)), post.total_terms
     out = {"shard": shard, "n_docs": len(doc_ids), "n_docs_nonempty": nonempty, "total_terms": total,
            "n_terms": n_terms, "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes), **counts,
-           "copied": bool(copied), "to_embed": 0, "vectors_reused": 0}
+           "copied": bool(copied), "same_text": bool(same_text), "to_embed": 0, "vectors_reused": 0}
     if vectors != "none":
-        out.update(_stage_vectors(shard, work_dir, live_dir, reuse, rows, reuse_live=(vectors == "reuse")))
+        stage = _stage_passages if passages else _stage_vectors
+        out.update(stage(shard, work_dir, live_dir, reuse, rows, reuse_live=(vectors == "reuse")))
     return out
 
 
@@ -343,6 +373,66 @@ def _stage_vectors(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray, 
                          schema=_DELTA_SCHEMA)
         pq.write_table(table, os.path.join(work_dir, "delta", f"{shard_name(shard)}.parquet"))
     return {"to_embed": int(len(todo)), "vectors_reused": int(n - len(todo))}
+
+
+def _stage_passages(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray, rows: pa.Table,
+                    reuse_live: bool) -> dict:
+    """:func:`_stage_vectors` for a passage index: the unchanged documents' passages (vectors
+    and spans, renumbered to their new local ids) go to ``dense/ppart-NNNN``; the rest to
+    ``delta/``, to be split and embedded (an edited document's unchanged passages then come
+    from the embedding cache, keyed by passage content)."""
+    from .passages import doc_pointers, read_passages
+    n = rows.num_rows
+    need = np.ones(n, dtype=bool)
+    reused = 0
+    if reuse_live:
+        emb = np.load(os.path.join(live_dir, "dense", f"emb-{shard:04d}.npy"), mmap_mode="r")
+        spans = read_passages(os.path.join(live_dir, "passages", f"{shard_name(shard)}.parquet"))
+        ptr = doc_pointers(spans["local_id"], len(reuse))
+        old = np.flatnonzero(reuse >= 0)
+        take = np.concatenate([np.arange(ptr[j], ptr[j + 1]) for j in old]) if len(old) else np.zeros(0, np.int64)
+        take = take.astype(np.int64)
+        new_local = np.repeat(reuse[old], ptr[old + 1] - ptr[old])
+        meta = np.stack([new_local, spans["ordinal"][take], spans["char_start"][take], spans["char_end"][take]],
+                        axis=1).astype(np.int64)
+        need[reuse[old]] = False
+        reused = len(take)
+        os.makedirs(os.path.join(work_dir, "dense"), exist_ok=True)
+        np.save(os.path.join(work_dir, "dense", f"ppart-{shard:04d}.npy"), np.asarray(emb[take], dtype=np.float32),
+                allow_pickle=False)
+        np.save(os.path.join(work_dir, "dense", f"ppart-{shard:04d}.spans.npy"), meta, allow_pickle=False)
+    todo = np.flatnonzero(need)
+    if len(todo):
+        os.makedirs(os.path.join(work_dir, "delta"), exist_ok=True)
+        table = pa.table({"shard": [shard] * len(todo), "local_id": todo.tolist(), **_texts(rows, todo)},
+                         schema=_DELTA_SCHEMA)
+        pq.write_table(table, os.path.join(work_dir, "delta", f"{shard_name(shard)}.parquet"))
+    return {"to_embed": int(len(todo)), "vectors_reused": int(reused)}
+
+
+def assemble_passages(work_dir: str, shard: int, n_docs: int, dim: int, delta_dir: str) -> tuple:
+    """A passage shard's (vectors, local ids, ordinals, starts, ends): the reused passages
+    plus those embedded into ``delta_dir`` (``emb-/ids-NNNN.npy`` and
+    ``passages/shard-NNNN.parquet``, as ``write_passage_shard`` wrote them), for
+    ``write_passage_shard``. Raises RuntimeError when a document has no passage."""
+    from .passages import read_passages
+    vecs, meta = [np.zeros((0, dim), np.float32)], [np.zeros((0, 4), np.int64)]
+    p = os.path.join(work_dir, "dense", f"ppart-{shard:04d}.npy")
+    if os.path.exists(p):
+        vecs.append(np.load(p))
+        meta.append(np.load(os.path.join(work_dir, "dense", f"ppart-{shard:04d}.spans.npy")))
+    d = os.path.join(delta_dir, f"emb-{shard:04d}.npy")
+    if os.path.exists(d):
+        vecs.append(np.load(d))
+        sp = read_passages(os.path.join(delta_dir, "passages", f"{shard_name(shard)}.parquet"))
+        meta.append(np.stack([sp[c].astype(np.int64) for c in ("local_id", "ordinal", "char_start", "char_end")],
+                             axis=1))
+    vecs, meta = np.vstack(vecs), np.vstack(meta)
+    if vecs.shape[1] != dim or len(np.unique(meta[:, 0])) != n_docs or (n_docs and meta[:, 0].max() >= n_docs):
+        missing = n_docs - len(np.unique(meta[:, 0]))
+        raise RuntimeError(f"shard {shard}: {missing} of {n_docs} documents have no passage vector "
+                           f"(vectors {vecs.shape}, dim {dim})")
+    return (vecs, *meta.T)
 
 
 def assemble_vectors(work_dir: str, shard: int, n_docs: int, dim: int,

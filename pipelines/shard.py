@@ -74,6 +74,9 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
         "shard": pa.array(np.full(len(keep), shard, dtype=np.int32)),
         "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
     })
+    fields = rows.get("fields")
+    if fields is not None and any(fields[i] is not None for i in keep):  # kept fields (pipelines.fields)
+        table = table.append_column("fields", pa.array([fields[i] for i in keep], pa.string()))
     pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=DOCS_ROW_GROUP)
     os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
     with open(os.path.join(work_dir, "rejects", f"{name}.json"), "w") as f:

@@ -130,6 +130,9 @@ def read_vocabulary(version_dir: str, n_terms: int | None = None) -> tuple[list[
     from .docorder import int64_column
     try:
         table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+        # The IPC reader checks buffer sizes, not string offsets: a damaged offset would make
+        # to_pylist read outside the file (a SIGSEGV) instead of raising.
+        table.validate(full=True)
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path} is not an Arrow file ({e})") from e
     if table.schema != _vocab_schema() or (n_terms is not None and table.num_rows != n_terms):

@@ -13,6 +13,12 @@ Layout of ``dense/``::
     emb-NNNN.npy   float32 (n, dim)     ids-NNNN.npy   int64 docnos (shard << 32 | local_id)
     quantizer.faiss (trained, empty)    ivf-NNNN.faiss (one per shard; Flat ones too)
 
+With passages (``pipelines.passages``) a row is a passage: a document has as many rows as
+passages, all under its docno (FAISS ids stay document numbers: a document filter and every
+reader of ids work unchanged), in (local id, ordinal) order, and ``../passages/shard-NNNN.parquet``
+holds each row's (local_id, ordinal, char_start, char_end) in the same order
+(:func:`write_passage_shard`).
+
 Pure: no Ray. GPU is used for k-means and adds when faiss-gpu and a GPU are present;
 files are always written as CPU indexes.
 """
@@ -33,11 +39,13 @@ log = logging.getLogger(__name__)
 
 METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 
-# Below this many vectors an exact Flat index is used. Exact search over 10,000 x 384
-# float32 (15 MB) costs ~4 MFLOP per query, well under a millisecond, so IVF would trade
-# recall for no measurable speed; and IVF needs >= 39 training points per centroid, so at
-# N = 10,000 nlist could not exceed 256 anyway (~40 vectors per cell, too few to prune).
-FLAT_THRESHOLD = 10_000
+# Below this many vectors an exact Flat index is used. Exact search over 50,000 x 384
+# float32 (77 MB) costs ~19 MFLOP per query, a few milliseconds on one core (less than
+# embedding the query), while IVF at its default nprobe lost NDCG@10 here: SciFact's 10,202
+# passage vectors in IVF256 at nprobe 16 gave dense 0.630 against 0.657 exact. Passages
+# multiply vectors (2x on abstracts, ~40x on long documents), so a corpus crosses this
+# sooner than its document count suggests.
+FLAT_THRESHOLD = 50_000
 MIN_POINTS_PER_CENTROID = 39  # faiss warns below this; centroids are then unreliable
 
 
@@ -194,7 +202,8 @@ def _is_max_metric(index: faiss.Index) -> bool:
 
 
 def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
-                  nprobe: int | None = None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  nprobe: int | None = None, threads: int | None = None,
+                  selector=None) -> tuple[np.ndarray, np.ndarray]:
     """Search every shard and merge the per-shard top-k (``faiss.ResultHeap``).
 
     Parameters
@@ -211,6 +220,9 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
         OpenMP threads for this call only (OpenMP's setting is per calling thread, so
         concurrent callers are unaffected). One thread is as fast for a single query on
         an idle machine and several times faster on a busy one; default: faiss's setting.
+    selector : faiss.IDSelector, optional
+        Only ids it admits are scored (inside the IVF scan: a filter that never starves k;
+        ``serving.filters.Mask.faiss_selector``).
 
     Returns
     -------
@@ -232,6 +244,11 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
             ivf = faiss.try_extract_index_ivf(index)
             if nprobe and ivf is not None:
                 params = faiss.SearchParametersIVF(nprobe=int(min(nprobe, ivf.nlist)))
+            if selector is not None:
+                if params is None:
+                    params = (faiss.SearchParametersIVF(nprobe=int(ivf.nprobe)) if ivf is not None
+                              else faiss.SearchParameters())
+                params.sel = selector
             scores, ids = index.search(queries, k, params=params)
             heap.add_result(scores, ids)
     finally:
@@ -281,13 +298,17 @@ class VectorSpool:
     shard needs anyway), so memory follows the shard, not the corpus.
     """
 
-    def __init__(self, out_dir: str, spill_dir: str, dim: int | None = None, n_shards: int | None = None):
+    def __init__(self, out_dir: str, spill_dir: str, dim: int | None = None, n_shards: int | None = None,
+                 passages_dir: str | None = None):
         """``dim``: the vectors' dimension (``None``: the first batch's). ``n_shards``: the
         index's shard count; ``finish`` then writes empty files for the shards that got no
-        vector (a build). ``None``: only the shards seen (a reindex delta)."""
+        vector (a build). ``None``: only the shards seen (a reindex delta). ``passages_dir``:
+        the vectors are passages (``add`` gets their ordinals and spans), written with
+        :func:`write_passage_shard`."""
         self.out_dir, self.spill_dir = out_dir, spill_dir
         self.dim = None if dim is None else int(dim)
         self.n_shards = None if n_shards is None else int(n_shards)
+        self.passages_dir = passages_dir
         self.count = 0
         self.seen: set[int] = set()
         os.makedirs(spill_dir, exist_ok=True)
@@ -296,9 +317,11 @@ class VectorSpool:
         return (os.path.join(self.spill_dir, f"vec-{shard:04d}.f32"),
                 os.path.join(self.spill_dir, f"loc-{shard:04d}.i64"))
 
-    def add(self, shards: np.ndarray, local_ids: np.ndarray, vectors: np.ndarray) -> None:
+    def add(self, shards: np.ndarray, local_ids: np.ndarray, vectors: np.ndarray,
+            passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         """One batch: ``vectors`` is (n, dim), or n rows of dim (Ray's numpy batches of a
-        variable-shape column come as an object array of rows)."""
+        variable-shape column come as an object array of rows). ``passages``: the rows'
+        (ordinal, char_start, char_end), with ``passages_dir``."""
         shards = np.asarray(shards, dtype=np.int64)
         local_ids = np.asarray(local_ids, dtype=np.int64)
         vectors = np.asarray(vectors)
@@ -312,6 +335,9 @@ class VectorSpool:
         top = (self.n_shards or 10**6) - 1
         if len(shards) and (shards.min() < 0 or shards.max() > top):
             raise ValueError(f"shard ids must be in 0..{top}, got {shards.min()}..{shards.max()}")
+        if (passages is None) != (self.passages_dir is None):
+            raise ValueError("VectorSpool: pass passages=(ordinal, char_start, char_end) exactly when the "
+                             "spool was made with passages_dir")
         for s in np.unique(shards).tolist():
             self.seen.add(s)
             sel = shards == s
@@ -319,7 +345,11 @@ class VectorSpool:
             with open(vec_path, "ab") as f:
                 f.write(np.ascontiguousarray(vectors[sel]).tobytes())
             with open(loc_path, "ab") as f:
-                f.write(np.ascontiguousarray(local_ids[sel]).tobytes())
+                if passages is None:
+                    f.write(np.ascontiguousarray(local_ids[sel]).tobytes())
+                else:  # local id, ordinal, char_start, char_end: 4 int64 per row
+                    cols = [local_ids[sel]] + [np.asarray(c, dtype=np.int64)[sel] for c in passages]
+                    f.write(np.ascontiguousarray(np.stack(cols, axis=1)).tobytes())
         self.count += len(shards)
 
     def finish(self) -> list[dict]:
@@ -336,6 +366,16 @@ class VectorSpool:
                 vecs = np.fromfile(vec_path, dtype=np.float32).reshape(-1, self.dim)
             else:
                 local, vecs = np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+            if self.passages_dir is not None:
+                rows = local.reshape(-1, 4)
+                if len(rows) != len(vecs):
+                    raise ValueError(f"shard {s}: passage spill holds {len(rows)} rows for {len(vecs)} vectors")
+                infos.append(write_passage_shard(self.out_dir, self.passages_dir, s, vecs, *rows.T))
+                del vecs
+                for path in (vec_path, loc_path):
+                    if os.path.exists(path):
+                        os.remove(path)
+                continue
             order = np.argsort(local, kind="stable")
             local = local[order]
             if len(local) > 1 and (local[1:] == local[:-1]).any():
@@ -346,6 +386,29 @@ class VectorSpool:
                 if os.path.exists(path):
                     os.remove(path)
         return infos
+
+
+def write_passage_shard(dense_dir: str, passages_dir: str, shard: int, vectors: np.ndarray, local_ids,
+                        ordinals, starts, ends) -> dict:
+    """One shard of a passage index: ``emb-NNNN.npy`` (one vector per passage) and
+    ``ids-NNNN.npy`` (each passage's docno ``shard << 32 | local_id``: FAISS ids stay
+    document numbers, so a document filter applies to passages unchanged, and a search's
+    ids are documents) in (local id, ordinal) order, and ``passages_dir/shard-NNNN.parquet``
+    with each row's (local_id, ordinal, char_start, char_end) in the same order.
+
+    Raises ``ValueError`` when a document's passages are not exactly ordinals 0, 1, ...
+    (a batch delivered twice or lost)."""
+    from .passages import check_passages, write_passages
+    local = np.asarray(local_ids, dtype=np.int64)
+    ordinals = np.asarray(ordinals, dtype=np.int64)
+    order = np.lexsort((ordinals, local))
+    local, ordinals = local[order], ordinals[order]
+    check_passages(local, ordinals)
+    info = write_dense_shard(dense_dir, shard, np.asarray(vectors)[order], (np.int64(shard) << 32) | local)
+    write_passages(os.path.join(passages_dir, f"shard-{shard:04d}.parquet"), local, ordinals,
+                   np.asarray(starts, dtype=np.int64)[order], np.asarray(ends, dtype=np.int64)[order])
+    info["documents"] = int(len(np.unique(local)))
+    return info
 
 
 def _draw_sample(embs: list[np.ndarray], size: int, seed: int) -> np.ndarray:
@@ -364,21 +427,37 @@ def _draw_sample(embs: list[np.ndarray], size: int, seed: int) -> np.ndarray:
 
 
 def _recall_at_k(dense_dir: str, n_shards: int, queries: np.ndarray, k: int, nprobe: int) -> float:
-    """recall@k of the written shard indexes against exact search over the embeddings."""
-    exact = faiss.ResultHeap(len(queries), k, keep_max=True)
+    """recall@k of the written shard indexes against exact search over the embeddings, over
+    documents: the first ``k`` distinct ids of each ranking (with passages several vectors
+    share a document's id; searched ``k`` times the most passages of a document deep)."""
+    per_doc = 1
+    for s in range(n_shards):
+        ids = np.load(_shard_files(dense_dir, s)[1])
+        if len(ids):
+            per_doc = max(per_doc, int(np.unique(ids, return_counts=True)[1].max()))
+    total = sum(len(np.load(_shard_files(dense_dir, s)[1], mmap_mode="r")) for s in range(n_shards))
+    depth = max(1, min(k * per_doc, total))
+    exact = faiss.ResultHeap(len(queries), depth, keep_max=True)
     approx = []
     for s in range(n_shards):
         emb_path, ids_path, ivf_path = _shard_files(dense_dir, s)
         emb = np.load(emb_path, mmap_mode="r")
         if len(emb):
             ids = np.load(ids_path)
-            d, i = faiss.knn(queries, np.ascontiguousarray(emb), min(k, len(emb)), metric=faiss.METRIC_INNER_PRODUCT)
-            exact.add_result(_pad(d, k, -np.inf), np.where(_pad(i, k, -1) >= 0, ids[np.maximum(_pad(i, k, -1), 0)], -1))
+            d, i = faiss.knn(queries, np.ascontiguousarray(emb), min(depth, len(emb)),
+                             metric=faiss.METRIC_INNER_PRODUCT)
+            i = _pad(i, depth, -1)
+            exact.add_result(_pad(d, depth, -np.inf), np.where(i >= 0, ids[np.maximum(i, 0)], -1))
         approx.append(read_index(ivf_path))
     exact.finalize()
-    _, got = search_shards(approx, queries, k, nprobe=nprobe)
-    hits = sum(len(set(a[a >= 0]) & set(b[b >= 0])) for a, b in zip(exact.I, got))
-    return hits / max(1, int((exact.I >= 0).sum()))
+    _, got = search_shards(approx, queries, depth, nprobe=nprobe)
+
+    def first(row: np.ndarray) -> set:
+        row = row[row >= 0]
+        return set(row[np.sort(np.unique(row, return_index=True)[1])[:k]].tolist())
+
+    pairs = [(first(a), first(b)) for a, b in zip(exact.I, got)]
+    return sum(len(e & g) for e, g in pairs) / max(1, sum(len(e) for e, _ in pairs))
 
 
 def _pad(x: np.ndarray, k: int, fill) -> np.ndarray:

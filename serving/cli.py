@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -193,6 +194,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _finite_float(text: str) -> float:
+    """A number flag: ``inf`` and ``nan`` read as floats, and are never a sensible setting."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 # -- search --------------------------------------------------------------------------------
 
 #: The per-query options of ``Searcher.search`` that have a flag here (dest == API name).
@@ -289,6 +308,17 @@ def print_hits(res, width: int = 100) -> None:
             block(f"[{c['doc_id']}] {c['text']}", pad, pad)
 
 
+def _read_filter(text: str) -> str:
+    """``--filter``'s JSON: the text itself, or a file's with ``@PATH``."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:]) as f:
+                return f.read()
+        except OSError as e:
+            raise ValueError(f"--filter {text}: cannot read the filter file ({e.strerror})") from None
+    return text
+
+
 def cmd_search(a) -> int:
     if a.queries and a.query:
         return _err("give either a query or --queries FILE, not both")
@@ -311,6 +341,8 @@ def cmd_search(a) -> int:
     # same rankings and scores (tests hold the two paths equal). A batch uses the kernels.
     ix = _searcher(a.index, a, kernels=bool(a.queries))
     opts = _search_options(a)
+    if getattr(a, "filter", None) is not None:  # the same JSON as HTTP's and MCP's "filter" (serving/filters.py)
+        opts["filter"] = _read_filter(a.filter)
     if a.queries:
         from funnel.evaluation.trec import ANSERINI_MODES, read_queries, write_run_rows
         queries = read_queries(a.queries)
@@ -460,20 +492,24 @@ def _token(a) -> str | None:
 
 def cmd_serve(a) -> int:
     token = _token(a)
-    from .http import DEFAULT_MAX_BODY_BYTES, serve
+    from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, serve
     return serve(a.index, host=a.host, port=a.port, token=token, insecure=a.insecure,
-                 max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a), allow_hosts=a.allow_host)
+                 max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a), allow_hosts=a.allow_host,
+                 body_timeout_s=a.body_timeout or DEFAULT_BODY_TIMEOUT_S, scrub=_scrub(a),
+                 tokens=getattr(a, "tokens", None))
 
 
 def cmd_mcp(a) -> int:
     # Over stdio there is nothing to authenticate: $FUNNEL_TOKEN is for the HTTP transport,
     # and an explicit --token there is refused by run_mcp.
     token = _token(a) if a.transport != "stdio" else a.token
-    from .http import DEFAULT_MAX_BODY_BYTES
+    from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
     from .mcp import run_mcp
     return run_mcp(a.index, transport=a.transport, host=a.host, port=a.port, token=token,
                    insecure=a.insecure, allow_hosts=a.allow_host,
-                   max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a))
+                   max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a),
+                   body_timeout_s=a.body_timeout or DEFAULT_BODY_TIMEOUT_S, scrub=_scrub(a),
+                   tokens=getattr(a, "tokens", None))
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -511,8 +547,10 @@ def _add_search_parser(sub, common) -> None:
         return act
 
     lx = s.add_argument_group("BM25 (modes bm25, hybrid, sira)")
-    option(lx, "--k1", type=float, help="term-frequency saturation (default: the index's, else %(api_default)s)")
-    option(lx, "--b", type=float, help="length normalization, 0..1 (default: the index's, else %(api_default)s)")
+    option(lx, "--k1", type=_finite_float,
+           help="term-frequency saturation (default: the index's, else %(api_default)s)")
+    option(lx, "--b", type=_finite_float,
+           help="length normalization, 0..1 (default: the index's, else %(api_default)s)")
     option(lx, "--length-norm", dest="length_norm", choices=_LazyChoices(_length_norms), metavar="NORM",
            help="document lengths: %(choices)s (default: the index's, else %(api_default)s)")
 
@@ -523,13 +561,13 @@ def _add_search_parser(sub, common) -> None:
     hy = s.add_argument_group("hybrid (mode hybrid)")
     option(hy, "--fusion", choices=_LazyChoices(_fusions), metavar="FUSION",
            help="how the BM25 and dense lists are fused: %(choices)s (default: the index's, else %(api_default)s)")
-    option(hy, "--alpha", type=float,
+    option(hy, "--alpha", type=_finite_float,
            help="convex fusion: weight of BM25, 1 - alpha for dense (default: the index's, else %(api_default)s)")
-    option(hy, "--rrf-k", dest="rrf_k", type=float,
+    option(hy, "--rrf-k", dest="rrf_k", type=_finite_float,
            help="RRF smoothing constant k in 1/(k + rank) (default: the index's, else %(api_default)s)")
-    option(hy, "--bm25-weight", dest="bm25_weight", type=float,
+    option(hy, "--bm25-weight", dest="bm25_weight", type=_finite_float,
            help="RRF weight of the BM25 list (default: the index's, else %(api_default)s)")
-    option(hy, "--dense-weight", dest="dense_weight", type=float,
+    option(hy, "--dense-weight", dest="dense_weight", type=_finite_float,
            help="RRF weight of the dense list (default: the index's, else %(api_default)s)")
     option(hy, "--top-rank-bonus", dest="top_rank_bonus", type=_float_pair, metavar="R1,R23",
            help="RRF bonus for rank 1 and for a best rank 2-3 (default: the index's, else %(api_default)s)")
@@ -560,9 +598,9 @@ def _add_search_parser(sub, common) -> None:
     option(sr, "--proposer", choices=_LazyChoices(_proposers), metavar="PROPOSER",
            help="where expansion terms come from: %(choices)s; auto = llm with --chat, else dense, "
                 "else prf (default: the index's, else %(api_default)s)")
-    option(sr, "--lambda", dest="lambda", type=float,
+    option(sr, "--lambda", dest="lambda", type=_finite_float,
            help="weight of the expansion terms (default: the index's, else per proposer: %(api_default)s)")
-    option(sr, "--tau", type=float,
+    option(sr, "--tau", type=_finite_float,
            help="DF filter: keep a phrase only if 1 <= df <= tau * N (default: the index's, else %(api_default)s)")
     option(sr, "--max-n", dest="max_n", type=int,
            help="longest n-gram window the DF filter checks, 1..3 (default: the index's, else %(api_default)s)")
@@ -571,6 +609,9 @@ def _add_search_parser(sub, common) -> None:
     option(sr, "--fb-terms", dest="fb_terms", type=int,
            help="feedback terms for prf/dense (default: the index's, else %(api_default)s)")
 
+    s.add_argument("--filter", default=None, metavar="JSON",
+                   help='only documents whose fields match, e.g. \'{"kind": "runbook", "year": {"gte": 2024}}\' '
+                        '(or @FILE); the same JSON as the HTTP and MCP "filter"; one query or a --queries batch (default: none)')
     ctx = s.add_argument_group("context (any mode, one query)")
     ctx.add_argument("--context-tokens", dest="context_tokens", type=_positive_int, default=argparse.SUPPRESS,
                      help="pack the hits' best passages into this many tokens, U-shaped (default: off)")
@@ -618,6 +659,11 @@ def _max_body_default() -> str:
     return f"{DEFAULT_MAX_BODY_BYTES}"
 
 
+def _body_timeout_default() -> str:
+    from .http import DEFAULT_BODY_TIMEOUT_S
+    return f"{DEFAULT_BODY_TIMEOUT_S:g}"
+
+
 def _add_exposure_arguments(p: argparse.ArgumentParser) -> None:
     """The options ``serve`` and ``mcp`` share about who may send what."""
     p.add_argument("--insecure", action="store_true",
@@ -625,8 +671,48 @@ def _add_exposure_arguments(p: argparse.ArgumentParser) -> None:
                         "flag such a server refuses to start")
     act = p.add_argument("--max-body-bytes", dest="max_body_bytes", type=_positive_int, default=None,
                          metavar="N", help="largest request body accepted; a larger one is answered 413 "
-                                           "before the token check (default: %(server_default)s)")
+                                           "before the token check (mcp over stdio: the longest request "
+                                           "line) (default: %(server_default)s)")
     act.server_default = _LazyText(_max_body_default)
+    act = p.add_argument("--body-timeout", dest="body_timeout", type=_positive_seconds, default=None,
+                         metavar="SECONDS", help="seconds a request body may take to arrive in full; a slower "
+                                                 "one is answered 408 (default: %(server_default)s)")
+    act.server_default = _LazyText(_body_timeout_default)
+    act = p.add_argument("--scrub-interval", dest="scrub_interval", type=_non_negative_seconds, default=None,
+                         metavar="SECONDS", help="seconds between background passes that re-hash the served "
+                                                 "version's files and stop serving one that no longer matches "
+                                                 "its checksums; 0 turns it off (default: %(server_default)s)")
+    act.server_default = _LazyText(lambda: f"{_scrub_defaults().interval_s:g}")
+    act = p.add_argument("--scrub-rate", dest="scrub_rate", type=_positive_rate, default=None, metavar="MB/s",
+                         help="MiB per second the background scrub may read (default: %(server_default)s)")
+    act.server_default = _LazyText(lambda: f"{_scrub_defaults().rate_mb_s:g}")
+
+
+def _scrub_defaults():
+    from .scrub import ScrubConfig
+    return ScrubConfig()
+
+
+def _scrub(a):
+    """The ``ScrubConfig`` of ``serve`` / ``mcp``'s --scrub-* flags."""
+    from .scrub import ScrubConfig
+    d = ScrubConfig()
+    return ScrubConfig(interval_s=d.interval_s if a.scrub_interval is None else a.scrub_interval,
+                       rate_mb_s=a.scrub_rate or d.rate_mb_s)
+
+
+def _non_negative_seconds(text: str) -> float:
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
+def _positive_rate(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a rate above 0 (MiB per second), got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -707,6 +793,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every path but /health (/docs "
                                     "included); needed beyond loopback; an empty token is refused "
                                     "(default: $FUNNEL_TOKEN, else no token)")
+    sv.add_argument("--tokens", default=None, metavar="FILE",
+                   help="callers' tokens: a JSON file mapping sha256(token) hex to {\"principal\": NAME, \"groups\": "
+                        "[...]}; each caller sees only the documents whose 'acl' names it or its groups (and public "
+                        "ones); reloaded when it changes; --token stays the administrator's (default: none)")
     sv.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                     help="a Host header to accept besides loopback and this machine's names (DNS-rebinding "
                          "protection: any other gets 421), e.g. the name behind a proxy; repeatable (default: none)")
@@ -726,6 +816,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--token", help="streamable-http: require 'Authorization: Bearer TOKEN' on every request; "
                                    "needed beyond loopback; an empty token is refused "
                                    "(default: $FUNNEL_TOKEN, else no token)")
+    m.add_argument("--tokens", default=None, metavar="FILE",
+                   help="streamable-http: callers' tokens: a JSON file mapping sha256(token) hex to {\"principal\": NAME, \"groups\": "
+                        "[...]}; each caller sees only the documents whose 'acl' names it or its groups (and public "
+                        "ones); reloaded when it changes; --token stays the administrator's (default: none)")
     m.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="streamable-http: a Host header to accept besides loopback and this machine's "
                         "names (DNS-rebinding protection), e.g. the name behind a proxy; repeatable "

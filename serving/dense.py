@@ -6,6 +6,12 @@ with the other returns confident nonsense rather than an error. The index record
 embedding fingerprint it was built with; opening it with a provider whose fingerprint
 differs fails with a message naming the field and the fix.
 
+Passages (DESIGN.md, "Long documents"): an index built with passages holds one vector per
+passage, each under its document's docno, so a search's ids are documents and a document
+filter applies unchanged. A document's score is its best passage's (MaxP): the passage
+search goes deep enough that k distinct documents come out of it (:meth:`DenseIndex.search_vectors`),
+and the passage that scored is found again from the stored vectors (:meth:`DenseIndex.best_passage`).
+
 Thread-safe once opened: shard indexes are read-only (``nprobe`` is passed per search,
 never set on the shared index) and the query-embedding LRU cache is lock-protected.
 """
@@ -13,6 +19,7 @@ never set on the shared index) and the query-embedding LRU cache is lock-protect
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -65,6 +72,12 @@ def check_fingerprint(index_fp: dict, provider_fp: dict) -> None:
         f"pass {' '.join(fix)}")
 
 
+def shard_entries(manifest_dense: dict) -> list[dict]:
+    """The manifest's per-shard entries (``shard``, ``index``, ``count``, ``embeddings``)."""
+    return manifest_dense.get("shards") or [
+        {"shard": s, "index": f"ivf-{s:04d}.faiss", "count": c} for s, c in enumerate(manifest_dense["counts"])]
+
+
 class DenseIndex:
     """Shard indexes plus the provider that embeds queries for them.
 
@@ -85,7 +98,7 @@ class DenseIndex:
     """
 
     def __init__(self, indexes: list, provider: EmbeddingProvider, nprobe: int | None = None,
-                 cache_size: int = 1024, single_query_threads: int | None = 1):
+                 cache_size: int = 1024, single_query_threads: int | None = 1, passages: "Passages | None" = None):
         if not indexes:
             raise ValueError("DenseIndex needs at least one shard index")
         dims = {ix.d for ix in indexes}
@@ -98,11 +111,16 @@ class DenseIndex:
         self.single_query_threads = single_query_threads
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self.passages = passages
+        # Passages searched per document wanted: enough for k distinct documents in one search
+        # most of the time (deeper searches follow when not); 1 where a document is one vector.
+        self.depth_factor = 1 if passages is None or passages.max_per_doc <= 1 else \
+            max(2, math.ceil(2 * passages.per_doc))
 
     @classmethod
     def open(cls, dense_dir: str, manifest_dense: dict, provider: EmbeddingProvider, *, mmap: bool = True,
              cache_size: int = 1024, nprobe: int | None = None,
-             single_query_threads: int | None = 1) -> "DenseIndex":
+             single_query_threads: int | None = 1, passages: "Passages | None" = None) -> "DenseIndex":
         """Open the ``dense/`` folder of an index version.
 
         Parameters
@@ -130,8 +148,7 @@ class DenseIndex:
         if manifest_dense.get("dim") is not None and int(manifest_dense["dim"]) != provider.dim:
             raise ValueError(f"index dim {manifest_dense['dim']} != query provider {provider.name!r} dim "
                              f"{provider.dim}: pass the --embed-model the index was built with")
-        shards = manifest_dense.get("shards") or [
-            {"shard": s, "index": f"ivf-{s:04d}.faiss", "count": c} for s, c in enumerate(manifest_dense["counts"])]
+        shards = shard_entries(manifest_dense)
         indexes = []
         for sh in shards:
             index = read_index(os.path.join(dense_dir, sh["index"]), mmap=mmap)
@@ -139,8 +156,11 @@ class DenseIndex:
                 raise IndexFormatError(f"{sh['index']} holds {index.ntotal} vectors, the manifest says "
                                        f"{sh['count']}: the dense index is incomplete; rebuild it")
             indexes.append(index)
+        if manifest_dense.get("passages") and passages is None:
+            passages = Passages.open(os.path.dirname(os.path.abspath(dense_dir)), shards,
+                                     [ix.ntotal for ix in indexes])
         return cls(indexes, provider, nprobe=nprobe, cache_size=cache_size,
-                   single_query_threads=single_query_threads)
+                   single_query_threads=single_query_threads, passages=passages)
 
     @property
     def ntotal(self) -> int:
@@ -164,9 +184,46 @@ class DenseIndex:
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10, nprobe: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """Raw merged search: ``(scores, docnos)``, each ``(nq, k)``, -1 docnos for padding."""
+        """The top ``k`` documents per query vector: ``(scores, docnos)``, each ``(nq, k)``,
+        -1 docnos for padding, best first.
+
+        With passages a document scores its best passage (MaxP). Passages come back best
+        first, so the first time a document appears is at its best passage: the first ``k``
+        distinct documents of the passage ranking are the top ``k`` by MaxP. A search too
+        shallow for ``k`` distinct documents is repeated 4x deeper, until there are ``k`` or
+        the index has no more (fewer passages came back than were asked for).
+        """
+        if self.depth_factor == 1:
+            return self._search_raw(vectors, k, nprobe)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        nq = len(vectors)
+        out_s = np.full((nq, k), -np.inf, dtype=np.float32)
+        out_i = np.full((nq, k), -1, dtype=np.int64)
+        todo = np.arange(nq)
+        depth = min(self.ntotal, k * self.depth_factor)
+        while len(todo):
+            scores, ids = self._search_raw(vectors[todo], max(1, depth), nprobe)
+            again = []
+            for row, q in enumerate(todo.tolist()):
+                valid = ids[row] >= 0
+                n_valid = int(valid.sum())
+                first = np.sort(np.unique(ids[row][:n_valid], return_index=True)[1])[:k]
+                if len(first) < k and n_valid >= depth and depth < self.ntotal:
+                    again.append(q)
+                    continue
+                out_i[q, :len(first)] = ids[row][first]
+                out_s[q, :len(first)] = scores[row][first]
+            todo = np.asarray(again, dtype=np.int64)
+            depth = min(self.ntotal, depth * 4)
+        return out_s, out_i
+
+    def _search_raw(self, vectors: np.ndarray, k: int, nprobe: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Merged FAISS search: ``(scores, ids)`` of vectors (passages or documents)."""
         threads = self.single_query_threads if len(vectors) == 1 else None
-        return search_shards(self.indexes, vectors, k, nprobe=nprobe or self.nprobe, threads=threads)
+        from .filters import active  # a filtered search: FAISS scores allowed ids only
+        mask = active()
+        return search_shards(self.indexes, vectors, k, nprobe=nprobe or self.nprobe, threads=threads,
+                             selector=None if mask is None else mask.faiss_selector())
 
     def search(self, query: str, k: int = 10, nprobe: int | None = None) -> list[tuple[int, float]]:
         """Top-k ``(docno, score)`` for one query, best first."""
@@ -180,3 +237,81 @@ class DenseIndex:
         vectors = np.vstack([self.embed_query(q) for q in queries])
         scores, ids = self.search_vectors(vectors, k, nprobe)
         return [[(int(i), float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
+
+    def best_passage(self, query: str | np.ndarray, docno: int) -> dict | None:
+        """The passage of ``docno`` nearest the query (the one its MaxP score came from):
+        ``{"ordinal", "start", "end", "score"}`` with character offsets into the document's
+        text; ``None`` for an index without passages."""
+        if self.passages is None:
+            return None
+        vec = self.embed_query(query) if isinstance(query, str) else np.asarray(query, dtype=np.float32)
+        return self.passages.best(vec, docno)
+
+
+class Passages:
+    """The passages of a dense index: spans and vectors by document, memory-mapped.
+
+    ``passages/shard-NNNN.parquet`` rows are in the order of ``dense/emb-NNNN.npy`` rows
+    (local id, then ordinal); ``ptr[shard]`` gives each document's rows.
+    """
+
+    def __init__(self, spans: list[dict], embeddings: list[np.ndarray]):
+        from funnel.pipelines.passages import doc_pointers
+        self.spans, self.emb = spans, embeddings
+        self.ptr = []
+        for sp in spans:
+            n_docs = int(sp["local_id"][-1]) + 1 if len(sp["local_id"]) else 0
+            self.ptr.append(doc_pointers(sp["local_id"], n_docs))
+        counts = np.concatenate([np.diff(p) for p in self.ptr]) if self.ptr else np.zeros(0)
+        counts = counts[counts > 0]
+        self.max_per_doc = int(counts.max()) if len(counts) else 0
+        self.per_doc = float(counts.mean()) if len(counts) else 0.0
+
+    @classmethod
+    def open(cls, version_dir: str, shards: list[dict], counts: list[int]) -> "Passages":
+        from funnel.pipelines.passages import read_passages
+        spans, embs = [], []
+        for sh, n in zip(shards, counts):
+            s = int(sh["shard"])
+            path = os.path.join(version_dir, "passages", f"shard-{s:04d}.parquet")
+            try:
+                sp = read_passages(path)
+            except (OSError, ValueError) as e:
+                raise IndexFormatError(f"{path} cannot be read ({e}): the dense index's passages are missing "
+                                       "or damaged; rebuild with `funnel build ... --dense`") from e
+            if len(sp["local_id"]) != n:
+                raise IndexFormatError(f"{path} lists {len(sp['local_id'])} passages, the FAISS shard holds {n} "
+                                       "vectors: the index is damaged; rebuild it")
+            spans.append(sp)
+            embs.append(np.load(os.path.join(version_dir, "dense", sh.get("embeddings", f"emb-{s:04d}.npy")),
+                                mmap_mode="r"))
+        return cls(spans, embs)
+
+    def rows(self, docno: int) -> tuple[int, int, int]:
+        """(shard, first row, end row) of a document's passages."""
+        s, local = int(docno) >> 32, int(docno) & 0xFFFFFFFF
+        ptr = self.ptr[s]
+        if local + 1 >= len(ptr):
+            return s, 0, 0
+        return s, int(ptr[local]), int(ptr[local + 1])
+
+    def count(self, docno: int) -> int:
+        """How many passages a document has."""
+        _, a, b = self.rows(docno)
+        return b - a
+
+    def spans_of(self, docno: int) -> np.ndarray:
+        """``(m, 2)`` character spans of a document's passages, in order."""
+        s, a, b = self.rows(docno)
+        sp = self.spans[s]
+        return np.stack([sp["char_start"][a:b], sp["char_end"][a:b]], axis=1).astype(np.int64)
+
+    def best(self, vec: np.ndarray, docno: int) -> dict | None:
+        s, a, b = self.rows(docno)
+        if a == b:
+            return None
+        scores = np.asarray(self.emb[s][a:b], dtype=np.float32) @ vec
+        j = int(np.argmax(scores))
+        sp = self.spans[s]
+        return {"ordinal": int(sp["ordinal"][a + j]), "start": int(sp["char_start"][a + j]),
+                "end": int(sp["char_end"][a + j]), "score": float(scores[j])}

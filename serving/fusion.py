@@ -11,9 +11,8 @@ Formulas (DESIGN.md "Hybrid retrieval"; the bonus and the blend tiers follow qmd
                = 0    otherwise
 
   k = 60; the original-query lists get weight 2 when LLM expansions are present.
-  DESIGN.md measured the bonus as a small loss on SciFact / NFCorpus (NDCG@10 0.7179 ->
-  0.7167, 0.3539 -> 0.3472): it follows qmd by default, and ``top_rank_bonus=None``
-  turns it off; choose it per index on train/dev.
+  On SciFact and NFCorpus the bonus measured a small NDCG@10 loss (DESIGN.md): it follows
+  qmd by default, and ``top_rank_bonus=None`` turns it off; choose it per index on train/dev.
 * **Convex** (min-max normalized score fusion over the union of the lists)::
 
       convex(d) = Σ_lists  w_list · minmax_list(d),   minmax(s) = (s − min) / (max − min)

@@ -1,7 +1,7 @@
 """HTTP front end (FastAPI): the same ``search()`` the CLI and MCP call, as JSON.
 
     funnel serve INDEX_ROOT [--host 127.0.0.1] [--port 8765] [--token TOKEN] [--insecure]
-                            [--max-body-bytes 1048576]
+                            [--max-body-bytes 1048576] [--body-timeout 30]
 
     POST /search            {"query": "...", "mode": "bm25", "k": 10, "options": {}}
                             -> SearchResult.to_dict(): {query, mode, summary, hits, trace}
@@ -9,14 +9,18 @@
     POST /term_stats        {"terms": ["..."]} -> {"version", "n_docs", "stats": [{term, forms, note}]}
                                (each term once; forms: [{analyzed, df, cf, idf}], one per distinct
                                analysed token; none for a stopword, and ``note`` says so)
-    GET  /health            -> {status, version, n_docs, modes, refresh_error}
-                               (modes: only those this index version can answer)
+    GET  /health            -> {status, version, n_docs, modes, refresh_error, damaged}
+                               (modes: only those this index version can answer; status
+                               ok | degraded | unavailable, the last with HTTP 503 and
+                               every search a 503 too; damaged: [{version, file, reason,
+                               since}] of versions the background scrub quarantined)
 
 Every error body is ``{"error": "<what was wrong and what to do>"}``; see ``ERROR_STATUS``.
 Every input is bounded before any work (see "Limits" below): the body size before the
-token check and before it is read (:class:`RequestGuard`), then the fields (term count and
-length, options, k); what is over a limit, or is not text (a lone surrogate), is a 4xx
-naming the limit, never a 500.
+token check and before it is read, and the time the body may take to arrive
+(:class:`RequestGuard`), then the fields (term count and length, options, k), then every
+option value, a finite number in its range (``serving/options.py``, in ``search()``); what
+is over a limit, or is not text (a lone surrogate), is a 4xx naming the limit, never a 500.
 With a token, every path but ``/health`` needs ``Authorization: Bearer TOKEN``, ``/docs``
 and ``/openapi.json`` included. Beyond loopback, :func:`serve` refuses to start without
 a token unless told ``insecure=True`` (``--insecure``).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import secrets
 import socket
@@ -37,6 +42,7 @@ import time
 from collections import deque
 from typing import Annotated, Any, Callable, Iterable
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,6 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from funnel.pipelines.artifacts import IndexFormatError
 
+from .scrub import ScrubConfig, start_scrub
 from .search import MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,10 @@ log = logging.getLogger(__name__)
 # Bounds against abuse, not relevance limits; each is named in the error that enforces it.
 #: Request body, in bytes (``--max-body-bytes``): a 100,000-character query is ~100 kB of JSON.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Seconds from the first read of a request body until all of it must have arrived
+#: (``--body-timeout``), else 408: a client that declares a body and stalls (or trickles it)
+#: would hold its connection and buffer open forever. A 1 MiB body at 50 kB/s takes 20 s.
+DEFAULT_BODY_TIMEOUT_S = 30.0
 #: ``/term_stats``: terms per request and characters per term. A term is a word or two to
 #: look up; 256 characters analyse to at most ~128 tokens.
 MAX_TERMS = 100
@@ -194,6 +205,8 @@ class SearchRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="mode parameters, e.g. {\"k1\": 0.9, \"b\": 0.4}; at most "
                                                 f"{MAX_OPTIONS}, each a number, a short string or a short list")
+    filter: dict[str, Any] | None = Field(None, description="only documents matching it, e.g. {\"kind\": \"runbook\", "
+                                                          "\"year\": {\"gte\": 2024}} (serving/filters.py)")
 
     @field_validator("query")
     @classmethod
@@ -218,26 +231,51 @@ class TermStatsRequest(BaseModel):
                                           f"{MAX_TERM_CHARS} characters each")
 
 
-def term_stats(searcher: Searcher, terms: list[str]) -> dict[str, Any]:
+def search_with_options(searcher: Searcher, query: str, mode: str, k: int, options: dict[str, Any],
+                        filter: dict[str, Any] | None = None, principal=None):
+    """``searcher.search`` for a front end (``/search``, the MCP ``search`` tool).
+
+    Every number is checked before the search (``serving/options.py``); an option value
+    that only a mode can judge (``length_norm=5``) surfaces as a TypeError or ValueError
+    deep in it, and becomes a :class:`SearchError` naming the options (a 400, a tool error).
+    """
+    try:
+        return searcher.search(query, mode=mode, k=k, filter=filter, principal=principal, **options)
+    except SearchError:
+        raise
+    except (TypeError, ValueError) as e:
+        if not options or isinstance(e, IndexFormatError):
+            raise
+        shown = repr(options)
+        shown = shown if len(shown) <= 300 else shown[:299] + "…"
+        raise SearchError(f"invalid options {shown} for mode {mode!r}: {e}") from e
+
+
+def term_stats(searcher: Searcher, terms: list[str], principal=None) -> dict[str, Any]:
     """``/term_stats`` (and the MCP tool): each term once, with its distinct analysed forms.
 
     ``Searcher.term_stats`` gives one row per analysed token, each repeating the raw term;
     here the rows are grouped back under their term, so the answer grows with the number of
     distinct tokens, not with tokens times term length. Callers bound ``terms`` first
-    (:data:`MAX_TERMS`, :data:`MAX_TERM_CHARS`).
+    (:data:`MAX_TERMS`, :data:`MAX_TERM_CHARS`). As a ``principal`` that is not an
+    administrator, the counts are over the documents it may read and idf is None
+    (``Searcher.term_stats``).
     """
     stats = []
+    n_docs = searcher.index.n_docs
     for raw in terms:
         forms: dict[str, dict[str, Any]] = {}
         note = None
-        for row in searcher.term_stats([raw]):
+        for row in searcher.term_stats([raw], principal=principal):
             if row["analyzed"] is None:
                 note = row.get("note")
             elif row["analyzed"] not in forms:
                 forms[row["analyzed"]] = {"analyzed": row["analyzed"], "df": row["df"], "cf": row["cf"],
                                           "idf": row["idf"]}
         stats.append({"term": raw, "forms": list(forms.values()), "note": note})
-    return {"version": searcher.version, "n_docs": searcher.index.n_docs, "stats": stats}
+    if principal is not None and not principal.admin and (mask := searcher.mask(None, principal)) is not None:
+        n_docs = mask.count  # the documents this caller may read
+    return {"version": searcher.version, "n_docs": n_docs, "stats": stats}
 
 
 class RefreshThrottle:
@@ -379,6 +417,37 @@ def _is_ipv6(name: str) -> bool:
         return False
 
 
+def check_body_timeout(seconds: float) -> float:
+    """``seconds`` as a body timeout, or ValueError: a finite number above 0."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise ValueError(f"body_timeout_s must be a finite number of seconds above 0, got {seconds!r}")
+    return float(seconds)
+
+
+#: Where :class:`RequestGuard` leaves the authenticated caller in the ASGI scope.
+PRINCIPAL_KEY = "funnel.principal"
+
+
+def caller_of(header: bytes, admin: bytes | None, tokens) -> Any:
+    """The principal an ``Authorization`` header authenticates: the administrator for the
+    single token (``b"Bearer TOKEN"`` in ``admin``), a tokens file's principal, or None."""
+    from .principals import ADMIN
+    if admin is not None and secrets.compare_digest(header, admin):
+        return ADMIN
+    if tokens is not None and header.startswith(b"Bearer "):
+        try:
+            return tokens.lookup(header[7:].decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def principal_of(request: Request) -> Any:
+    """The caller :class:`RequestGuard` authenticated (None: no authentication, every document)."""
+    return request.scope.get(PRINCIPAL_KEY)
+
+
 class RequestGuard:
     """ASGI middleware: what a request must pass before the app sees it, cheapest check first.
 
@@ -390,18 +459,21 @@ class RequestGuard:
     2. With a ``token``, a missing or wrong ``Authorization: Bearer TOKEN`` on any path but
        ``open_paths``: 401, before the body is read.
     3. The body, counted as it streams in (a chunked body declares no length): past
-       ``max_body_bytes``, 413. What was read (at most ``max_body_bytes``) is replayed to
-       the app, which never sees an oversized body.
+       ``max_body_bytes``, 413; not all there ``body_timeout_s`` seconds after its reading
+       began (a stalled or trickled body), 408. What was read (at most ``max_body_bytes``)
+       is replayed to the app, which never sees an oversized or partial body.
 
-    Answers are ``{"error": ...}`` JSON; a 413 closes the connection (the rest of the body
-    is never read). Wraps any ASGI app: the HTTP API and the MCP server's.
+    Answers are ``{"error": ...}`` JSON; a 413 or 408 closes the connection (the rest of
+    the body is never read). Wraps any ASGI app: the HTTP API and the MCP server's.
     """
 
     def __init__(self, app: ASGIApp, *, token: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, open_paths: frozenset[str] = frozenset(),
-                 hosts: Iterable[str] | None = None):
+                 hosts: Iterable[str] | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 tokens=None):
         if max_body_bytes < 0:
             raise ValueError(f"max_body_bytes must be 0 or more, got {max_body_bytes}")
+        self.body_timeout_s = check_body_timeout(body_timeout_s)
         self.app = app
         pats = list(hosts) if hosts is not None else None
         self._hosts = None if pats is None else {p for p in pats if not p.endswith(":*")}
@@ -409,6 +481,7 @@ class RequestGuard:
         self.max_body_bytes = max_body_bytes
         self.open_paths = open_paths
         self._expected = f"Bearer {token}".encode() if token else None
+        self.tokens = tokens  # principals.TokenFile: per-caller tokens (--tokens), beside the admin's
 
     def _host_ok(self, value: str) -> bool:
         v = value.strip().lower()
@@ -439,24 +512,33 @@ class RequestGuard:
             if int(declared) > self.max_body_bytes:
                 await self._too_large(f"Content-Length is {int(declared)}")(scope, receive, send)
                 return
-        if self._expected is not None and scope["path"] not in self.open_paths:
+        if (self._expected is not None or self.tokens is not None) and scope["path"] not in self.open_paths:
             got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not secrets.compare_digest(got, self._expected):
+            who = caller_of(got, self._expected, self.tokens)
+            if who is None:
                 await _error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
                              headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
+            scope[PRINCIPAL_KEY] = who  # the endpoints search as this caller
 
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away mid-body: nobody to answer
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await self._too_large(f"more than {self.max_body_bytes:,} bytes arrived")(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
+        with anyio.move_on_after(self.body_timeout_s) as deadline:  # the whole body, not each read
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away mid-body: nobody to answer
+                    return
+                body += message.get("body", b"")
+                if len(body) > self.max_body_bytes or not message.get("more_body", False):
+                    break
+        if len(body) > self.max_body_bytes:
+            await self._too_large(f"more than {self.max_body_bytes:,} bytes arrived")(scope, receive, send)
+            return
+        if deadline.cancelled_caught:
+            what = f"Content-Length {int(declared):,} declared" if declared is not None else "a chunked body"
+            await _error(408, f"request body incomplete: {what}, {len(body):,} bytes arrived within "
+                              f"{self.body_timeout_s:g} s (funnel serve / funnel mcp --body-timeout); "
+                              "send the whole body at once", headers={"Connection": "close"})(scope, receive, send)
+            return
         pending: deque[Message] = deque([{"type": "http.request", "body": bytes(body), "more_body": False}])
 
         async def replay() -> Message:
@@ -467,8 +549,12 @@ class RequestGuard:
 
 def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None = None,
                refresh_interval: float = 1.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               hosts: Iterable[str] | None = None) -> FastAPI:
+               hosts: Iterable[str] | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+               tokens=None) -> FastAPI:
     """Build the FastAPI app over a searcher (or an index root, opened here).
+
+    ``tokens`` (a :class:`~funnel.serving.principals.TokenFile`) authenticates callers who
+    each search as their principal (ACLs apply); ``token`` is the administrator's.
 
     Parameters
     ----------
@@ -481,12 +567,15 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
         Seconds between checks for a newly published index version.
     max_body_bytes
         Largest request body accepted; a larger one is a 413 before it is read.
+    body_timeout_s
+        Seconds a request body may take to arrive in full; then 408 (:class:`RequestGuard`).
 
     Returns
     -------
     FastAPI
         The app; ``app.state.searcher`` is the searcher it serves.
     """
+    check_body_timeout(body_timeout_s)  # here, not at the first request (middleware is built then)
     searcher = (searcher_or_root if isinstance(searcher_or_root, Searcher)
                 else open_index(os.fspath(searcher_or_root)))
     throttle = RefreshThrottle(searcher, refresh_interval)
@@ -494,52 +583,46 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     app.state.searcher = searcher
     _install_error_handlers(app)
     app.add_middleware(RequestGuard, token=token, max_body_bytes=max_body_bytes, hosts=hosts,
-                       open_paths=frozenset({"/health"}))
+                       open_paths=frozenset({"/health"}), body_timeout_s=body_timeout_s, tokens=tokens)
 
     def refreshed() -> Searcher:
         throttle()
         return searcher
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    def health() -> Any:
         s = refreshed()
         st = s.status()
-        return {"status": st["state"], "version": st["serving_version"], "n_docs": s.index.n_docs,
-                "modes": servable_modes(s), "refresh_error": st["reason"], "current": st["current"],
-                "degraded_since": st["since"]}
+        body = {"status": st["state"], "version": st["serving_version"], "n_docs": None, "modes": [],
+                "refresh_error": st["reason"], "current": st["current"], "degraded_since": st["since"],
+                "damaged": s.follower.damaged()}  # versions the background scrub quarantined
+        if st["state"] == "unavailable":  # nothing verified left to serve: searches get 503 too
+            return JSONResponse(body, status_code=503)
+        return dict(body, n_docs=s.index.n_docs, modes=servable_modes(s))
 
     @app.post("/search")
-    def search(req: SearchRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        try:
-            res = s.search(req.query, mode=req.mode, k=req.k, **req.options)
-        except SearchError:
-            raise
-        except (TypeError, ValueError) as e:
-            if not req.options or isinstance(e, IndexFormatError):
-                raise
-            # A bad option value (k1="high") surfaces as a conversion error deep in the mode.
-            shown = repr(req.options)
-            shown = shown if len(shown) <= 300 else shown[:299] + "…"
-            raise SearchError(f"invalid options {shown} for mode {req.mode!r}: {e}") from e
-        return res.to_dict()
+    def search(req: SearchRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
+        return search_with_options(s, req.query, req.mode, req.k, req.options, filter=req.filter,
+                                   principal=principal_of(request)).to_dict()
 
     @app.get("/documents/{doc_id:path}")
-    def get_document(doc_id: str, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        doc = s.get_document(doc_id)
+    def get_document(doc_id: str, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
+        doc = s.get_document(doc_id, principal=principal_of(request))  # forbidden answers as missing
         if doc is None:
             raise HTTPException(404, f"no document with doc_id {doc_id!r} in index version {s.version}")
         return doc
 
     @app.post("/term_stats")
-    def term_stats_(req: TermStatsRequest, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        return term_stats(s, req.terms)
+    def term_stats_(req: TermStatsRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
+        return term_stats(s, req.terms, principal=principal_of(request))
 
     return app
 
 
 def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
-          allow_hosts: Iterable[str] = ()) -> int:
+          allow_hosts: Iterable[str] = (), body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+          scrub: ScrubConfig | None = None, tokens: str | None = None) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
     Once listening, logs (INFO) the URL, the index and version, the modes it answers and
@@ -564,6 +647,15 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     allow_hosts
         ``Host`` header names accepted besides loopback and ``host`` itself (behind a proxy,
         the name clients use); any other gets 421 (:func:`allowed_hosts`).
+    body_timeout_s
+        Seconds a request body may take to arrive in full; then 408 (:class:`RequestGuard`).
+    scrub
+        The background scrub's interval and read rate (``serving.scrub``; default: a pass every
+        6 h at 8 MiB/s; ``ScrubConfig(interval_s=0)`` turns it off).
+    tokens
+        A tokens file (``serving/principals.py``): each caller's token names its principal and
+        groups, and its searches and fetches see only what the documents' ACLs let it read;
+        reloaded when it changes. ``token`` stays the administrator's, who sees everything.
 
     Returns
     -------
@@ -574,18 +666,23 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     Raises
     ------
     ValueError
-        An empty token, or no token beyond loopback without ``insecure``; before the index
-        is opened.
+        An empty token, or no token beyond loopback without ``insecure``; a tokens file that
+        cannot be read; before the index is opened.
     """
     import uvicorn
 
+    from .principals import TokenFile
+
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
-    check_exposure(host, token, insecure, f"the HTTP API for {index_root}")
+    token_file = TokenFile(tokens) if tokens else None
+    check_exposure(host, token or tokens, insecure, f"the HTTP API for {index_root}")
     app = create_app(open_index(index_root, chat=chat) if chat is not None else index_root,
-                     token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts))
+                     token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts),
+                     body_timeout_s=body_timeout_s, tokens=token_file)
     searcher = app.state.searcher
     log.info("warm-up query answered in %.2fs", searcher.warm())  # before listening: no request pays it
+    scrubbing = start_scrub(searcher.follower, scrub)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
@@ -597,7 +694,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
                 log.info("serving %s (version %s, %d documents) at http://%s:%d; modes: %s; token %s",
                          index_root, searcher.version, searcher.index.n_docs, shown, where,
                          ", ".join(servable_modes(searcher)),
-                         "required (Authorization: Bearer ...)" if token else "not required")
+                         "required (Authorization: Bearer ...)" if token or tokens else "not required")
 
     level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING)).lower()
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=level))
@@ -606,5 +703,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use
         return int(e.code or 1)
     finally:
+        if scrubbing is not None:
+            scrubbing.close()
         searcher.close()  # the version's reader lease goes now, not at interpreter exit
     return 0 if server.started else 1

@@ -5,9 +5,9 @@
 Fusion is the convex mix of min-max normalized scores (alpha 0.55 on BM25) by default, or
 RRF (k=60 with qmd's top-rank bonus) with ``fusion="rrf"``; every constant comes from the
 index manifest's ``hybrid`` section or the query's options. Convex is the default because it
-measured better on every collection tried: SciFact 0.7302 vs 0.7164, NFCorpus 0.3585 vs
-0.3463, and two public collections nobody here tuned on (0.5149 vs 0.4950, 0.8390 vs
-0.8236), where RRF fell below the dense list alone on one (README, "What it measures"). The explain trace of each hit is the ``Fused``/``Blended`` object that scored it.
+measured better than RRF on every collection tried, two that nobody here tuned on included
+(figures: bench/RESULTS.md; docs/retrieval-modes.md). The explain trace of each hit is the
+``Fused``/``Blended`` object that scored it.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class HybridConfig:
     dense_weight: float = 1.0
     top_rank_bonus: tuple[float, float] | None = TOP_RANK_BONUS
     alpha: float = 0.55          # convex: weight of BM25 (DESIGN.md: chosen on SciFact train)
-    rerank_depth: int = 40       # fused candidates the reranker re-reads
-    chunk_tokens: int = 256
+    rerank_depth: int = 40       # fused candidates the reranker re-reads (each its best passage)
+    chunk_tokens: int = 256      # passage window where the index stores no passages (--passages off)
     blend_tiers: tuple = BLEND_TIERS  # ((last fused rank, retrieval weight), ..., (None, w))
 
     @classmethod
@@ -66,11 +66,30 @@ class DenseMode:
         self.index = index
         self.embedder = embedder
         self._dense = None
+        self._passages = None
         self._lock = threading.Lock()
 
     @property
     def available(self) -> bool:
         return bool(self.index.manifest.get("dense"))
+
+    def passages(self):
+        """The version's stored passages (``dense.Passages``: spans and vectors), opened
+        without the embedding model; None for an index without (BM25 only, or built with
+        ``--passages off``)."""
+        m = self.index.manifest.get("dense") or {}
+        if not m.get("passages"):
+            return None
+        if self._passages is None:
+            with self._lock:
+                if self._passages is None:
+                    if self._dense is not None:
+                        self._passages = self._dense.passages
+                    else:
+                        from .dense import Passages, shard_entries
+                        shards = shard_entries(m)
+                        self._passages = Passages.open(self.index.dir, shards, [int(sh["count"]) for sh in shards])
+        return self._passages
 
     def dense(self):
         if self._dense is None:
@@ -90,7 +109,9 @@ class DenseMode:
                         if spec.get("kind", "sentence-transformers") == "sentence-transformers":
                             spec["device"] = "cpu"
                         provider = make_provider(spec)
-                    self._dense = DenseIndex.open(os.path.join(self.index.dir, "dense"), m, provider)
+                    self._dense = DenseIndex.open(os.path.join(self.index.dir, "dense"), m, provider,
+                                                  passages=self._passages)
+                    self._passages = self._dense.passages
         return self._dense
 
     def search(self, query: str, k: int, nprobe: int | None = None) -> list[Scored]:
@@ -132,16 +153,11 @@ def _expansions(searcher, query: str, n: int) -> list[str]:
         return []
 
 
-def rerank(reranker, query: str, fused, docs, query_terms: set[str], analyze, cfg: HybridConfig):
-    """Rerank the best-matching chunk of the top ``rerank_depth`` fused docs; blend by position."""
-    from .rerank import best_chunk
+def rerank(reranker, query: str, fused, passage_text, cfg: HybridConfig):
+    """Rerank the best passage of each of the top ``rerank_depth`` fused docs
+    (``passage_text(docno)``, the passage the hit cites); blend by position."""
     head = fused[:cfg.rerank_depth]
-    chunks = []
-    for f in head:
-        d = docs.get(f.key)
-        text = f"{d['title']}\n{d['text']}" if d["title"] else d["text"]
-        chunks.append(best_chunk(query_terms, text, analyze, chunk_tokens=cfg.chunk_tokens,
-                                 stride=max(1, cfg.chunk_tokens // 2))[2])
+    chunks = [passage_text(f.key) for f in head]
     scored = reranker.rerank(query, chunks, top_n=len(chunks))
     scores = {head[i].key: float(s) for i, s in scored}
     return position_blend(fused, scores, tiers=cfg.blend_tiers)
@@ -177,10 +193,20 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
     timings["fusion"] = _ms(t)
     final = fused
     reranked = False
+    in_dense = {s.docno for s in dn}
+
+    def best_passage(n: int) -> dict | None:
+        """The passage of a document the dense list found that its score came from."""
+        return searcher.dense_mode.dense().best_passage(query, n) if n in in_dense else None
+
+    def passage_text(n: int) -> str:
+        doc = searcher.index.docs.get(n)
+        cite = searcher.citation(doc, n, set(terms), best_passage(n), window=cfg.chunk_tokens)
+        return f"{doc['title']}\n{cite.text}" if doc["title"] else cite.text
+
     if searcher.reranker is not None and options.pop("rerank", True):
         t = time.perf_counter()
-        final = rerank(searcher.reranker, query, fused, searcher.index.docs, set(terms),
-                       searcher.index.analyzer.analyze, cfg)
+        final = rerank(searcher.reranker, query, fused, passage_text, cfg)
         timings["rerank"] = _ms(t)
         reranked = True
     by_key = {f.key: f for f in final[:k]}
@@ -200,7 +226,7 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
             why += " — matched " + ", ".join(list(lex)[:5])
         if ex.get("rerank_score") is not None:
             why += f"; rerank {ex['rerank_score']:.3f}"
-        return {"terms": lex, "why": why, "fusion": ex}
+        return {"terms": lex, "why": why, "fusion": ex, "passage": best_passage(n)}
 
     return scored, trace, "", explain
 
@@ -214,7 +240,8 @@ def run_dense(searcher, query: str, k: int, options: dict):
 
     def explain(n: int) -> dict:
         s = next((x.score for x in scored if x.docno == n), None)
-        return {"why": f"semantic similarity {s:.3f} (cosine, {trace['dense']['model']})", "terms": {}}
+        return {"why": f"semantic similarity {s:.3f} (cosine, {trace['dense']['model']})", "terms": {},
+                "passage": searcher.dense_mode.dense().best_passage(query, n)}
 
     return scored, trace, "", explain
 

@@ -34,6 +34,7 @@ from funnel.pipelines.stats import read_vocabulary
 
 from .bm25 import ShardScorer, idf_lucene
 from .result import split_docno
+from .structure import check_doc_ids, check_shard
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,9 @@ class DocStore:
 
     Ids load at open; a document's text is read with its parquet row group (``DOCS_ROW_GROUP``
     rows) the first time it is asked for, and decoded groups stay in an LRU bounded by
-    ``cache_bytes`` of their text. Memory no longer grows with the corpus without a limit:
-    keeping a whole shard's text as Python strings once one of its documents was shown held
-    957 MiB after five BM25 queries at 1M synthetic documents. A miss reads its group only
+    ``cache_bytes`` of their text, so memory does not grow with the corpus (keeping a whole
+    shard's text as Python strings once one of its documents is shown would). A miss reads
+    its group only
     (an index built before ``DOCS_ROW_GROUP`` has groups of 8,192 rows or one per shard; it
     still works, with larger reads).
     """
@@ -128,6 +129,7 @@ class DocStore:
                 self._arrow, rank = open_doc_ids(stored, int(bounds[-1]))
             except (OSError, ValueError, pa.ArrowException) as e:
                 raise _damaged(stored, e) from e
+            check_doc_ids(version_dir, DOC_IDS, self._arrow, rank, int(bounds[-1]))
         else:
             rank = id_ranks(self._ids_arrow())
         self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
@@ -264,9 +266,7 @@ class DocStore:
         """(the decoded text columns of the row group holding the shard's row ``i``, i's row there).
 
         A miss reads that one group (``DOCS_ROW_GROUP`` rows, ~1 ms), never the whole shard:
-        reading a whole 250K-document shard for one snippet made the first `funnel search` at
-        1M documents take 4.5-5.5 s (0.4 s with group reads), and each shard a later query
-        touched first cost another second. The read and the decoding run outside the lock,
+        reading a whole 250K-document shard for one snippet costs about a second. The read and the decoding run outside the lock,
         so concurrent requests wait for each other only to look up and update the cache; two
         threads missing the same group at once may both read it, and the first to finish
         caches it."""
@@ -304,7 +304,11 @@ class IndexVersion:
     a document file is read later, is an IndexFormatError naming the file. With ``sizes``
     or ``none`` a flipped byte in a postings array goes unseen until it changes or breaks
     results; with ``cached``, a flip that leaves the file's stat as it was (the disk's own
-    decay, not a write) goes unseen until ``funnel verify`` (``full``) hashes it again.
+    decay, not a write) goes unseen until ``funnel verify`` (``full``) or a server's
+    background scrub (``serving.scrub``) hashes it again. Whatever the mode, every open
+    checks the invariants the compiled kernels index by (``serving.structure``: ids
+    within their arrays, offsets in order), so no file's content makes a kernel read
+    outside an array; a violation is an IndexFormatError naming the file.
     """
 
     def __init__(self, root: str, version: str | None = None, verify: str = "cached"):
@@ -357,9 +361,18 @@ class IndexVersion:
         self.df = df
         self.cf = cf
         self.idf = idf_lucene(df, self.n_docs_nonempty)
-        lexical = [os.path.join(self.dir, "lexical", shard_name(s)) for s in range(self.n_shards)]
-        self.shards = [ShardScorer(load_shard(d), self.avgdl, load_block_maxima(d)) for d in lexical]
         self.docs = DocStore(self.dir, self.n_shards)
+        if len(self.docs) != self.n_docs:
+            raise IndexFormatError(f"index version {self.dir} is damaged: its documents files hold {len(self.docs)} "
+                                   f"documents, its manifest says {self.n_docs}; run `funnel verify INDEX_ROOT` "
+                                   "and rebuild the index (funnel build ...)")
+        self.shards = []
+        for s in range(self.n_shards):  # each checked before a kernel may read it (serving.structure)
+            rel = f"lexical/{shard_name(s)}"
+            d = os.path.join(self.dir, rel)
+            arrays, blocks = load_shard(d), load_block_maxima(d)
+            check_shard(self.dir, rel, arrays, self.docs.shard_size(s), len(terms), blocks)
+            self.shards.append(ShardScorer(arrays, self.avgdl, blocks))
 
 
 def _lease(version_dir: str) -> ReaderLease | None:
@@ -377,6 +390,15 @@ def _stat_key(path: str) -> tuple | None:
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _file_key(path: str) -> tuple | None:
+    """What any change to a file through the file system moves (``_stat_key`` and ctime)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 def _peek_current(root: str) -> str | None:
@@ -399,6 +421,14 @@ class VersionFollower(Generic[T]):
     the root) it keeps ``current``, records why in ``status()`` and returns False. It
     tries a failed version again when CURRENT or its manifest changes, or after ``retry_s``
     seconds (so a broken version is not re-hashed on every request).
+
+    ``quarantine(version_dir, file, reason)`` (the background scrub, ``serving.scrub``,
+    found a file that no longer matches its checksum) stops serving that version at once:
+    ``current`` raises IndexFormatError (HTTP 503) and ``status()`` says "unavailable"
+    until the newest older version of the root that passes a full verification is
+    opened, which is then served ("degraded"). A pinned follower, or a remote root, has
+    no fallback. ``refresh()`` never goes back to a quarantined version while the damaged
+    file's stat is unchanged (a repaired file is tried again); ``damaged()`` lists them.
     """
 
     def __init__(self, root: str, open_version: Callable[[str], T], version: str | None = None,
@@ -411,14 +441,44 @@ class VersionFollower(Generic[T]):
         self._dir = resolve_version_dir(root, version)
         # Pinned: an explicit version, or a version folder given as the root.
         self._pinned = version is not None or os.path.normpath(self._dir) == os.path.normpath(root)
-        self.current: T = open_version(version if version is not None else os.path.basename(self._dir))
+        self._current: T | None = open_version(version if version is not None else os.path.basename(self._dir))
         self._failed: tuple[tuple, float] | None = None
         self._status = self._ok_status()
+        # version dir -> {"version", "file", "reason", "since"} and the file's key when found
+        self._damaged: dict[str, tuple[dict, tuple | None]] = {}
         self.closed = False
+
+    @property
+    def current(self) -> T:
+        """What the server answers from; IndexFormatError when nothing verified is left to
+        serve (a quarantined version and no good one to fall back to)."""
+        got = self._current
+        if got is None:
+            raise IndexFormatError(f"no index version of {self.root} can be served: {self._status['reason']}")
+        return got
+
+    @current.setter
+    def current(self, value: T) -> None:
+        self._current = value
 
     @property
     def version(self) -> str:
         return os.path.basename(os.path.normpath(self._dir))
+
+    @property
+    def version_dir(self) -> str:
+        """The folder of the version being served (or, when unavailable, of the one that failed)."""
+        return self._dir
+
+    def serving(self) -> tuple[str, T] | None:
+        """(version folder, what answers from it), or None when nothing is served."""
+        with self._lock:
+            return None if self._current is None else (self._dir, self._current)
+
+    def damaged(self) -> list[dict]:
+        """``{"version", "file", "reason", "since"}`` of each version quarantined so far."""
+        with self._lock:
+            return [dict(rec) for rec, _ in self._damaged.values()]
 
     def _ok_status(self) -> dict:
         return {"state": "ok", "serving_version": self.version,
@@ -428,16 +488,22 @@ class VersionFollower(Generic[T]):
     def _degrade(self, reason: str) -> None:
         if self._status["state"] == "degraded" and self._status["reason"] == reason:
             return
+        if self._current is None:  # nothing is served: the state stays "unavailable", as it says why
+            log.error("could not open the version CURRENT names either: %s", reason)
+            return
         log.error("could not open the version CURRENT names; still serving %s: %s", self.version, reason)
         self._status = {"state": "degraded", "serving_version": self.version,
                         "current": _peek_current(self.root), "pinned": False, "reason": reason,
                         "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     def status(self) -> dict:
-        """``{"state": "ok" | "degraded", "serving_version", "current", "pinned", "reason", "since"}``.
+        """``{"state": "ok" | "degraded" | "unavailable", "serving_version", "current", "pinned",
+        "reason", "since"}``.
 
         ``current`` is what CURRENT holds (its first 200 characters); ``reason`` says why
         the version it names is not served; ``since`` (UTC) when that started.
+        "unavailable" (``serving_version`` None): a served version was quarantined and no
+        older one verifies; every search is refused until one is published.
         """
         return dict(self._status)
 
@@ -446,9 +512,81 @@ class VersionFollower(Generic[T]):
         idempotent."""
         with self._lock:
             self.closed = True
-            close = getattr(self.current, "close", None)
+            close = getattr(self._current, "close", None)
         if close is not None:
             close()
+
+    def _still_damaged(self, version_dir: str) -> bool:
+        """Whether ``version_dir`` was quarantined and its damaged file has not changed since
+        (a changed one, say restored from a backup, is verified again by the next open)."""
+        got = self._damaged.get(version_dir)
+        if got is None:
+            return False
+        rec, key = got
+        if rec["file"] is None or _file_key(os.path.join(version_dir, rec["file"])) == key:
+            return True
+        del self._damaged[version_dir]
+        return False
+
+    def quarantine(self, version_dir: str, file: str, reason: str) -> bool:
+        """Stop serving ``version_dir``: its ``file`` (relative) failed, for ``reason``.
+
+        When it is the version being served, searches are refused at once; then the newest
+        older version of the root that opens and passes a full verification (every file
+        hashed) is served instead, with ``status()`` "degraded", or none is and the state
+        stays "unavailable". Returns True when ``version_dir`` was being served.
+        """
+        version_dir = os.path.normpath(version_dir)
+        name = os.path.basename(version_dir)
+        rec = {"version": name, "file": file, "reason": reason,
+               "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        with self._lock:
+            self._damaged[version_dir] = (rec, _file_key(os.path.join(version_dir, file)))
+            if self.closed or self._current is None or os.path.normpath(self._dir) != version_dir:
+                return False
+            why = f"version {name} is damaged: {reason}"
+            log.error("stopped serving %s: %s", name, why)
+            self._current = None
+            self._status = {"state": "unavailable", "serving_version": None,
+                            "current": name if self._pinned else _peek_current(self.root), "pinned": self._pinned,
+                            "reason": why + "; no verified earlier version to serve. Publish a good version "
+                                            "(funnel build ...) or restore the file",
+                            "since": rec["since"]}
+        found = None if self._pinned or remote.is_remote(self.root) else self._fallback(version_dir)
+        with self._lock:
+            if found is None or self._current is not None or self.closed:
+                if found is not None:  # refresh() put a newer version in place meanwhile
+                    getattr(found[1], "close", lambda: None)()
+                return True
+            self._dir, self._current = found
+            self._status = {"state": "degraded", "serving_version": self.version,
+                            "current": _peek_current(self.root), "pinned": False,
+                            "reason": f"{why}; serving the last good version, {self.version}",
+                            "since": rec["since"]}
+            log.error("serving %s instead of %s: %s", self.version, name, why)
+        return True
+
+    def _fallback(self, failed_dir: str) -> tuple[str, T] | None:
+        """(folder, opened) of the newest version older than ``failed_dir`` that opens and
+        whose every file matches its checksum; None when none does."""
+        failed = os.path.basename(failed_dir)
+        for name in reversed(list_versions(self.root)):
+            vdir = os.path.join(self.root, name)  # as resolve_version_dir spells it (refresh compares)
+            if name >= failed or os.path.normpath(vdir) in self._damaged:
+                continue
+            opened = None
+            try:
+                opened = self._open(name)  # leased from here on: gc leaves it alone
+                verify_version(vdir, "full")
+                return vdir, opened
+            except (IndexFormatError, OSError) as e:
+                log.error("cannot fall back to %s: %s", name, e)
+                with self._lock:
+                    self._damaged[os.path.normpath(vdir)] = ({"version": name, "file": None, "reason": str(e),
+                                            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}, None)
+                if opened is not None:
+                    getattr(opened, "close", lambda: None)()
+        return None
 
     def refresh(self) -> bool:
         """Switch to the version CURRENT names if it opens; True when it switched."""
@@ -460,7 +598,9 @@ class VersionFollower(Generic[T]):
             except (IndexFormatError, OSError) as e:
                 self._degrade(str(e))
                 return False
-            if target == self._dir:
+            if self._still_damaged(os.path.normpath(target)):
+                return False  # quarantined: keep the fallback (or nothing), and status says why
+            if target == self._dir and self._current is not None:
                 if self._status["state"] != "ok":
                     log.info("CURRENT names %s again, the version being served", self.version)
                     self._status = self._ok_status()

@@ -9,7 +9,7 @@ entries for Lucene's one-byte norms), as Lucene's own BM25 does, so a large inde
 no per-posting impact array and every (k1, b) costs the same. A small index (at most
 ``lexical.IMPACT_POSTINGS`` postings) does keep one (``posting_impacts``, the same float64
 values): the exhaustive paths then read one number per posting instead of a tf, a length
-code and a grid cell (SciFact, k=10: 8.8 -> 7.1 us a query).
+code and a grid cell.
 
 Dynamic pruning is MaxScore in term-at-a-time form (Turtle & Flood 1995; Moffat & Zobel's
 "continue" strategy): terms are processed in the caller's order (highest w·idf first);
@@ -36,11 +36,11 @@ The k best are kept in one size-k heap ordered by the ranking itself (score, the
 ``id_rank``), shared by all shards, so no per-shard candidate lists are merged. The
 exhaustive paths keep them the same way up to ``HEAP_K``; above it, in a buffer of 4k + 16
 entries that only admits what beats a bar (the k-th best at the last cut) and is cut back
-to its best k by quickselect when full (``_offer_scores``): at k=100 a heap sifts every
-admitted document through ~7 levels, and that was about two thirds of NFCorpus's kernel. The
-exhaustive loop indexes with unsigned integers: numba then emits no negative-index
-wraparound per access (about half the loop's cost). ``search_batch`` runs many queries
-(flat term-id arrays, CSR) through ``search_shards`` in one call.
+to its best k by quickselect when full (``_offer_scores``), because at k=100 sifting every
+admitted document through a heap's ~7 levels dominates the kernel. The exhaustive loop
+indexes with unsigned integers, so numba emits no negative-index wraparound per access.
+``search_batch`` runs many queries (flat term-id arrays, CSR) through ``search_shards`` in
+one call.
 
 Tests run this against the NumPy reference (and pruned against exhaustive) and require
 identical rankings; ``FUNNEL_NUMBA=0`` turns the kernels off.
@@ -71,12 +71,11 @@ except ImportError as e:  # pragma: no cover - exercised where numba is absent
 FIELDS = ("indptr", "docs", "tfs", "term_gid", "max_tf", "code", "min_code")
 FIELD_DTYPES = (np.int64, np.int32, np.int32, np.int32, np.int32, None, None)  # None: the code dtype
 # The exhaustive paths keep their top k in a heap up to this k and in a buffer cut back by
-# quickselect above it (``_new_top``): measured on SciFact and NFCorpus, the buffer saved
-# 1-2 us a query at k=100 and cost 0.6-0.9 us at k=10.
+# quickselect above it (``_new_top``): on SciFact and NFCorpus the buffer is faster at k=100
+# and the heap at k=10.
 HEAP_K = 32
 # Block-max pruning prefetches the blocks of this many candidates ahead of the one it looks up
-# (1M synthetic documents, k=100, best of 5 interleaved: 1,050 us a query without, 939 / 936
-# / 969 us at 4 / 8 / 16).
+# (at 1M synthetic documents, k=100, 8 was the fastest of none / 4 / 8 / 16).
 PREFETCH_AHEAD = 8
 # A query's term ids (with repeats) are put in canonical order by insertion up to this many,
 # by sorts above (insertion is quadratic; a query of thousands of terms stays cheap).
@@ -403,8 +402,8 @@ if HAVE_NUMBA:
         entry that beats the bar (tv, tr) is appended, and a full buffer is cut back to its
         best k (``_compact_top``), whose k-th becomes the bar: most documents cost one
         compare with a bar that only rises, and the buffer is cut every ~3k appends, where a
-        heap sifts every entry that beats its root through log2(k) levels (at k=100 the heap
-        was ~2/3 of NFCorpus's kernel time; at k=10 the heap is cheaper)."""
+        heap sifts every entry that beats its root through log2(k) levels (at k=10 the heap
+        is cheaper)."""
         if bv.shape[0] == k:  # heap mode (k <= HEAP_K)
             return _push_scores(acc, ids, m, rank, base, bv, br, bd, n, zero), tv, tr
         cap = bv.shape[0]
@@ -686,6 +685,58 @@ if HAVE_NUMBA:
                         tkth[t * nk + j] = srt[nb - KTH_BLOCKS[j]]
         return bstart, bmax, tmax, tkth, blast
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m):
+        """Add one term's ``w · tf/(tf + denom)`` over postings [a0, e0) to ``acc``, first-seen
+        documents appended to ``touched`` after the ``m`` there (branch-free); returns the new
+        count. :func:`_accumulate`'s loop for one term: unsigned indices (no wraparound check
+        per access), the same arithmetic and bits as ``w * _impact(...)``."""
+        um = np.uint64(m)
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
+        for p in range(np.uint64(a0), np.uint64(e0)):
+            d = np.uint64(docs[p])
+            tf = np.uint64(tfs[p])
+            c = np.uint64(code[d])
+            if tf < ucap:
+                v = itab[tf * nt + c]
+            else:
+                x = np.float64(tf)
+                v = x / (x + table[c])
+            a = acc[d]
+            touched[um] = d
+            um += np.uint64(a == 0.0)
+            acc[d] = a + w * v
+        return np.int64(um)
+
+    @njit(cache=True, nogil=True)
+    def _theta_may_pay(indptr, bstart, bmax, block, local, weights, rest, i, m):
+        """Whether refreshing ``theta`` after term ``i`` (a k-th over the ``m`` documents seen:
+        ``m`` random reads) can let ``_score_shard_blocks`` switch to candidates at the next
+        term present. The switch needs that term to skip more postings than there are
+        documents seen; no partial score, so no theta, exceeds the processed terms' bounds
+        (``rest[0] - rest[i + 1]``), so the term's blocks that even this could skip bound its
+        saving. On a long query over common terms the bounds of the terms still to come
+        exceed every theta: nothing can be skipped, and the k-th is not computed."""
+        T = local.shape[0]
+        j = i + 1
+        while j < T and local[j] < 0:
+            j += 1
+        if j >= T:
+            return False
+        need = (rest[0] - rest[i + 1]) - rest[j + 1]
+        if need <= 0.0:
+            return False
+        lj = local[j]
+        w = weights[j]
+        b0 = bstart[lj]
+        n = indptr[lj + 1] - indptr[lj]
+        skip = 0
+        for blk in range(bstart[lj + 1] - b0):
+            if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 < need:
+                skip += min(block, n - blk * block)
+        return skip > m
+
     @njit(cache=True, nogil=True)
     def _score_shard_blocks(indptr, docs, tfs, code, table, itab, cap, bstart, bmax, tmax, blast, block, local,
                             weights, acc, touched, rank, base, hv, hr, hd, nh, theta, eager, stats):
@@ -715,7 +766,11 @@ if HAVE_NUMBA:
         block misses that term's part; its true score is below ``theta`` already, so it
         cannot reach the top k either way. ``eager`` prunes wherever the bounds allow (tests);
         otherwise the candidates go sorted only where that costs less than the postings it
-        saves. Returns (heap count, theta)."""
+        saves, a try that finds too many candidates is repeated only where a term saves half
+        their cost, and ``theta`` is refreshed between terms only where the next term could
+        then be skipped in part (``_theta_may_pay``): on a long query over common terms every
+        refresh and try is a pass over all documents seen, for nothing. Returns (heap count,
+        theta)."""
         k = hv.shape[0]
         T = local.shape[0]
         rest = np.zeros(T + 1)  # rest[i]: inflated sum of the bounds of terms i..
@@ -738,6 +793,7 @@ if HAVE_NUMBA:
         runs = np.empty(T + 1, dtype=np.int64)  # where each exhaustive term's new documents start in touched
         nruns = 0
         vals = np.empty(0)  # acc[touched[:nv]], gathered for the last kth (valid until acc changes)
+        retry_at = 0.0  # a switch is tried where a term saves more postings than this
         nv = 0
         for i in range(T):
             li = local[i]
@@ -755,24 +811,21 @@ if HAVE_NUMBA:
                     if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 >= need:
                         n_pass += min(block, e0 - a0 - blk * block)
                 saved = (e0 - a0) - n_pass  # postings never read if the candidates go sorted
-                if saved > 0 and (eager or saved > m):
+                if saved > 0 and (eager or (saved > m and saved > retry_at)):
                     buf, bounds, nc = _reachable_runs(acc, vals, nv, touched, m, runs, nruns, rest[i], theta)
                     if eager or nc * np.log2(nc + 2) <= saved:
                         sorted_mode = True
                         c = nc
                         cand = _merge_runs(buf, bounds, nruns, nc)
+                    else:  # too many candidates: try again only where a term saves half their cost
+                        retry_at = nc * np.log2(nc + 2) / 2
             if not sorted_mode:
                 runs[nruns] = m  # each term's new documents come in doc order: touched is sorted runs
                 nruns += 1
                 nv = 0
-                for p in range(a0, e0):
-                    d = docs[p]
-                    v = w * _impact(tfs[p], code[d], table, itab, cap)
-                    a = acc[d]
-                    touched[m] = d  # branch-free: kept only when d was not seen before
-                    m += a == 0.0
-                    acc[d] = a + v
-                if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m):
+                m = _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m)
+                if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m) and (
+                        eager or _theta_may_pay(indptr, bstart, bmax, block, local, weights, rest, i, m)):
                     vals = _gather(acc, touched, m)
                     nv = m
                     theta = max(theta, _kth_vals(vals, m, k, theta))  # partial scores: lower bounds
@@ -939,9 +992,8 @@ if HAVE_NUMBA:
         ``acc`` (float64, at least one per document of the largest shard) is zeroed, and zeroed
         again on return; ``touched`` (int32) has one more slot. Every shard is scored in the
         same leading region ``acc[:shard size]`` (a shard's scores are gone when the next one
-        starts), so the working set is one shard's, not the corpus's: at 3M documents (10
-        shards) that made queries 2.2-2.8x faster than a slice per shard of a corpus-sized
-        array, which left the L3 cache; at 1M 5-7%. ``itab`` holds ``t / (t + table[c])`` at
+        starts), so the working set is one shard's, not the corpus's (a slice per shard of
+        a corpus-sized array leaves the L3 cache at a few million documents). ``itab`` holds ``t / (t + table[c])`` at
         ``t · len(table) + c`` for t below ``len(itab) / len(table)``: the impacts of small
         tfs, precomputed per (k1, b), so most postings cost a lookup instead of a division. A shard is
         pruned when ``prune_min >= 0`` and the query has at least ``prune_min`` postings
@@ -995,7 +1047,7 @@ if HAVE_NUMBA:
     def search_shards_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k):
         """``search_shards`` with ``prune_min = -1`` (exhaustive term-at-a-time over every
         shard; the same results), in a function that leaves the pruning code out: numba
-        compiles it in ~6 s against ~15 s for ``search_shards`` on a fresh install, so a corpus
+        compiles it in less than half the time ``search_shards`` takes on a fresh install, so a corpus
         whose queries never reach the pruning threshold never compiles pruning at all
         (``BM25Retriever`` chooses). ``imeta`` (``impact_table``; ``NO_IMPACTS`` for none):
         each shard's per-posting impacts, read instead of computed where given."""
@@ -1299,8 +1351,8 @@ if HAVE_NUMBA:
     def _canonical(gids, raw, idf):
         """(gids, raw · idf) in the canonical term order: weight descending, then gid ascending;
         zero weights dropped (as ``BM25Retriever.weights`` drops them). ``gids`` are distinct.
-        Up to SMALL_SORT terms by insertion (SciFact k=10: 13.6 -> 12.5 us a query against
-        three sorts and a dozen arrays), more through argsort and a stable mergesort."""
+        Up to SMALL_SORT terms by insertion (cheaper for a short query than three sorts and a
+        dozen arrays), more through argsort and a stable mergesort."""
         n = gids.shape[0]
         if n <= SMALL_SORT:
             g = np.empty(n, dtype=np.int64)  # by gid

@@ -1,7 +1,7 @@
 """The BM25 retriever: analyzed (or explicitly weighted) terms in, ranked docnos out.
 
 ``search_weighted`` takes {term: weight}; plain BM25 uses the term's count in the query,
-SIRA (later) passes its own weights for expansion terms: one weighted BM25 call.
+SIRA passes its own weights for expansion terms: one weighted BM25 call.
 Ties are broken by doc_id, so a sharded index returns exactly an unsharded one's ranking.
 
 Terms are scored in one canonical order (w·idf descending, then global term id), the same
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..pipelines.postings import BLOCK_FILES
+from . import filters
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from .index import IndexVersion
 
@@ -47,8 +48,8 @@ PRUNE_MIN_POSTINGS = 30_000  # see BM25Retriever.prune_min_postings
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
 # An index with at most this many postings keeps each posting's impact (8 bytes a posting, so
 # at most 64 MB per (k1, b), for the last two in use): the exhaustive kernels then read one
-# float per posting instead of a tf, a length code and a grid cell. SciFact, k=10: 8.8 ->
-# 7.1 us a query. Larger indexes keep the grid (pruning reads the postings anyway).
+# float per posting instead of a tf, a length code and a grid cell. Larger indexes keep the
+# grid (pruning reads the postings anyway).
 IMPACT_POSTINGS = 8_000_000
 
 
@@ -80,6 +81,13 @@ def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.nda
     return kernels.block_maxima(indptr, docs, tfs, norms, den, itab, kernels.BLOCK)
 
 
+def _shown_df(ix: IndexVersion, g: int) -> int:
+    """A term's df as an explanation shows it: global, or for a principal the documents it may
+    read hold it (``filters.Mask.df``)."""
+    mask = filters.restricted()
+    return int(ix.df[g]) if mask is None else int(mask.df(ix, np.asarray([g]))[0])
+
+
 @dataclass(frozen=True)
 class Scored:
     docno: int
@@ -94,10 +102,10 @@ class BM25Retriever:
         # MaxScore in the kernel for a shard where the query has at least this many postings
         # (-1: never). Below that, exhaustive term-at-a-time is faster: on SciFact/NFCorpus
         # pruning's bookkeeping costs more than the postings it skips (there, 10K-100K made no
-        # difference: no query reaches them). At 1M synthetic documents with block maxima
-        # (interleaved passes of the first 1000 queries, best of 5) 30K answered
-        # k=10 in 330 µs against 396 µs at 100K, k=100 the same (628 / 630 µs); 200K was
-        # 1.5x slower at k=10. 0 prunes wherever the bounds allow (tests).
+        # difference: no query reaches them). At 1M synthetic documents with block maxima, 30K
+        # was the fastest threshold tried at k=10 (100K and 200K slower) and equal at k=100
+        # (bench/RESULTS.md, "Notes: figures moved from code comments"). 0 prunes wherever
+        # the bounds allow (tests).
         self.prune_min_postings = PRUNE_MIN_POSTINGS
         # False: every query takes the NumPy reference path (same rankings and scores), as
         # where numba is absent; for a process that answers one query (``Searcher(kernels=)``).
@@ -272,7 +280,7 @@ class BM25Retriever:
         cnt = np.zeros(n, dtype=np.int64)
         if n == 0:
             return pos, score, cnt
-        if self._use_kernel():
+        if self._use_kernel() and filters.active() is None:  # filtered: per query, through search_arrays
             qptr, qgids = self.query_gids(texts)
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
@@ -311,7 +319,7 @@ class BM25Retriever:
         params = params or _DEFAULT
         n = len(queries)
         out = (np.zeros((n, k), dtype=np.int64), np.zeros((n, k)), np.zeros(n, dtype=np.int64))
-        if n == 0 or not self._use_kernel():
+        if n == 0 or not self._use_kernel() or filters.active() is not None:
             return self._rows(queries, k, params, out)
         vocab = self.index.vocab
         ptr, split, gids, raw = [0], [], [], []
@@ -385,6 +393,14 @@ class BM25Retriever:
             gids, ws = np.concatenate([gids, g2]), np.concatenate([ws, w2])
         if len(gids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
+        if (mask := filters.active()) is not None:  # a filtered search: allowed documents only
+            from .masked import search_masked
+            return search_masked(self, gids, ws, k, params, mask)
+        return self.search_gids(gids, ws, k, params)
+
+    def search_gids(self, gids: np.ndarray, ws: np.ndarray, k: int,
+                    params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search_arrays` for canonical (global ids, w·idf), unfiltered."""
         if self._use_kernel():
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
@@ -433,7 +449,7 @@ class BM25Retriever:
         out = {}
         for t, g, w, tf in zip(kept, gids, ws, tfs):
             if tf > 0:
-                out[t] = {"tf": int(tf), "df": int(ix.df[g]), "weight": float(terms[t]),
+                out[t] = {"tf": int(tf), "df": _shown_df(ix, g), "weight": float(terms[t]),
                           "idf": float(idf_lucene(ix.df[g], ix.n_docs_nonempty)),
                           "contribution": float(w * tf / (tf + denom))}
         return out

@@ -16,13 +16,20 @@ Tools (all read-only):
   forms, note}]}``, each term once.
 
 Bad input (unknown mode, blank query, unknown document, a term over the limits, text with
-a lone surrogate) comes back as a tool error (``is_error``) whose text says what was wrong
-and what to do.
+a lone surrogate, an option value that is not a finite number in range, an argument the
+tool does not take) comes back as a tool error (``is_error``) whose text says what was
+wrong and what to do.
+
+Over stdio, a request line that is not a JSON-RPC message (not JSON, too deep, a lone
+surrogate, longer than ``--max-body-bytes``) is answered with a JSON-RPC error (-32700
+Parse error or -32600 Invalid Request, ``id`` null), so the caller never waits for an
+answer that will not come (:class:`_StdinLines`).
 
 Over streamable HTTP, the same :class:`~funnel.serving.http.RequestGuard` as the HTTP API
 sits in front of the MCP app: a body over ``--max-body-bytes`` is a 413 before anything
-else, then with a token (``--token`` / ``$FUNNEL_TOKEN``) a request without
-``Authorization: Bearer TOKEN`` is a 401 before its body is read. Beyond loopback the
+else, one not all there ``--body-timeout`` seconds after it began a 408, then with a
+token (``--token`` / ``$FUNNEL_TOKEN``) a request without ``Authorization: Bearer TOKEN``
+is a 401 before its body is read. Beyond loopback the
 server refuses to start without a token unless ``--insecure``.
 
 DNS rebinding: the MCP library checks the Host header only when it listens on loopback;
@@ -34,22 +41,29 @@ request naming any other host is a 421. The token alone would stop a rebinding p
 (a browser cannot add the header), but the check also protects ``--insecure`` servers.
 """
 
+import json
 import logging
+import sys
 from typing import Annotated, Any, Iterable
 
-from pydantic import Field
+import anyio
+import mcp.types as mcp_types
+from pydantic import Field, StrictInt, ValidationError
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.message import SessionMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .http import (DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS, MAX_TERMS, RefreshThrottle,
-                   RequestGuard, Term, Text, check_exposure, check_options, servable_modes,
-                   term_stats as term_stats_of)
+from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS,
+                   MAX_TERMS, RefreshThrottle, RequestGuard, Term, Text, caller_of, check_exposure, check_options,
+                   search_with_options, servable_modes, term_stats as term_stats_of)
 from .result import SearchResult
+from .scrub import ScrubConfig, start_scrub
 from .search import MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
 
 log = logging.getLogger(__name__)
@@ -68,7 +82,132 @@ def _text_result(text: str, structured: dict[str, Any]) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
-def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPServer:
+class _StdinLines:
+    """The request lines of stdin, each one answered if it is not a JSON-RPC message.
+
+    The SDK's stdio reader parses each line and, when it does not parse, hands the error
+    to a dispatcher that only logs it: the caller waits forever for an answer. This reader
+    sits in front of it (passed as ``stdio_server(stdin=...)``) and yields only lines that
+    parse as JSON-RPC messages (the SDK then parses them again: at most ``max_line_bytes``
+    each, a cost that is small beside a search). Every other line is answered here, on the
+    transport's own write stream (one writer, so no frame is torn), per JSON-RPC 2.0:
+
+    - not UTF-8, not JSON, nesting past the parser's depth limit, a lone surrogate, a
+      number out of range (a 5,000-digit id): -32700 Parse error, ``id`` null;
+    - JSON that is not a JSON-RPC message: -32600 Invalid Request, with its ``id`` when
+      that is a string or an integer, else null;
+    - longer than ``max_line_bytes`` (``--max-body-bytes``, the bound on an HTTP body): the
+      rest of the line is skipped unread into memory, -32600, ``id`` null.
+    """
+
+    def __init__(self, max_line_bytes: int, stream=None):
+        self.max_line_bytes = max_line_bytes
+        self._stream = stream if stream is not None else sys.stdin.buffer
+        self._answers = None
+        self._ready = anyio.Event()
+
+    def answer_on(self, write_stream) -> None:
+        """Where the errors go: the write stream ``stdio_server`` yields."""
+        self._answers = write_stream
+        self._ready.set()
+
+    def _read_line(self) -> bytes | None:
+        """The next line from the blocking stream (b"" at end of input), or None for one
+        longer than ``max_line_bytes`` (skipped to its end, a bounded piece at a time)."""
+        line = self._stream.readline(self.max_line_bytes + 1)
+        if len(line) <= self.max_line_bytes or line.endswith(b"\n"):
+            return line
+        while line and not line.endswith(b"\n"):
+            line = self._stream.readline(1 << 16)
+        return None
+
+    async def _answer(self, code: int, message: str, request_id: Any = None) -> None:
+        await self._ready.wait()
+        error = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,
+                                       error=mcp_types.ErrorData(code=code, message=message))
+        try:
+            await self._answers.send(SessionMessage(error))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # the server is shutting down
+            pass
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            raw = await anyio.to_thread.run_sync(self._read_line, abandon_on_cancel=True)
+            if raw is None:
+                await self._answer(mcp_types.INVALID_REQUEST,
+                                   f"request line longer than {self.max_line_bytes:,} bytes; it was skipped "
+                                   "(funnel mcp --max-body-bytes sets the limit)")
+                continue
+            if not raw:
+                raise StopAsyncIteration
+            if not raw.strip():
+                continue  # a blank line between messages is no request
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                await self._answer(mcp_types.PARSE_ERROR, f"Parse error: the request line is not UTF-8 ({e.reason} "
+                                                          f"at byte {e.start})")
+                continue
+            try:
+                mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            except ValidationError as e:
+                errors = e.errors(include_url=False, include_input=False)
+                parse = next((err for err in errors if err["type"] == "json_invalid"), None)
+                if parse is not None:
+                    await self._answer(mcp_types.PARSE_ERROR, f"Parse error: {parse['msg']}")
+                else:
+                    await self._answer(mcp_types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, "
+                                                                  "notification or response", _request_id(line))
+                continue
+            return line
+
+
+def _request_id(line: str) -> str | int | None:
+    """The ``id`` of a JSON object line, where it is one JSON-RPC allows (string or integer)."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)) else None
+
+
+class FunnelMCPServer(MCPServer):
+    """:class:`MCPServer` that refuses tool arguments it does not know and answers every
+    stdio line (:class:`_StdinLines`)."""
+
+    def __init__(self, *args, max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_line_bytes = max_line_bytes
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
+        """As :meth:`MCPServer.call_tool`, but an argument the tool does not take is a tool
+        error naming it and the valid ones (the SDK drops it silently, so a misspelt
+        ``optoins`` searched with no options; HTTP answers the same body with 422)."""
+        tool = next((t for t in await self.list_tools() if t.name == name), None)
+        if tool is not None:
+            valid = list(tool.input_schema.get("properties", {}))
+            unknown = sorted(set(arguments) - set(valid))
+            if unknown:
+                raise ToolError(f"unknown argument(s) {', '.join(map(repr, unknown))} for tool {name!r}; "
+                                f"valid: {', '.join(valid)}")
+        return await super().call_tool(name, arguments, context)
+
+    async def run_stdio_async(self) -> None:
+        """As :meth:`MCPServer.run_stdio_async`, reading stdin through :class:`_StdinLines`."""
+        lines = _StdinLines(self.max_line_bytes)
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            lines.answer_on(write_stream)
+            server = self._lowlevel_server
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
+                     max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, token: str | None = None,
+                     tokens=None) -> MCPServer:
     """An :class:`MCPServer` with the ``search``, ``get_document`` and ``term_stats`` tools.
 
     Parameters
@@ -77,13 +216,21 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
         The open searcher the tools query.
     refresh_interval
         Seconds between checks for a newly published index version.
+    max_line_bytes
+        Over stdio, the longest request line read; a longer one is skipped and answered
+        with a JSON-RPC error.
+    token, tokens
+        Over streamable HTTP, the administrator's token and the callers' tokens file
+        (``serving/principals.py``): each tool call runs as the principal its
+        ``Authorization`` header names (ACLs apply). Neither: every caller sees everything.
 
     Returns
     -------
     MCPServer
         Ready to ``run()``, or to connect to in-process with ``mcp.Client(server)``.
     """
-    server = MCPServer("funnel", instructions=INSTRUCTIONS, log_level="WARNING")
+    server = FunnelMCPServer("funnel", instructions=INSTRUCTIONS, log_level="WARNING",
+                             max_line_bytes=max_line_bytes)
     throttle = RefreshThrottle(searcher, refresh_interval)
 
     def guarded(fn, *args, **kwargs):
@@ -93,16 +240,36 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
         except (SearchError, IndexFormatError) as e:
             raise ToolError(str(e)) from e
 
+    def caller(ctx: Context | None):
+        """The principal of this tool call (see ``token, tokens``); never guessed: a call
+        whose caller cannot be told is refused."""
+        if token is None and tokens is None:
+            return None
+        try:
+            request = ctx.request_context.request
+            header = request.headers.get("authorization", "")
+        except (AttributeError, ValueError):
+            raise ToolError("cannot tell who is calling (no HTTP request); refusing the call") from None
+        who = caller_of(header.encode("utf-8"), f"Bearer {token}".encode() if token else None, tokens)
+        if who is None:
+            raise ToolError("missing or wrong token: send 'Authorization: Bearer TOKEN'")
+        return who
+
     @server.tool(annotations=_READ_ONLY)
     def search(
         query: Annotated[Text, Field(min_length=1, max_length=MAX_QUERY_CHARS,
                                      description="what to look for, in words")],
         mode: Annotated[Text, Field(max_length=MAX_MODE_CHARS,
                                     description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
-        k: Annotated[int, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
+        k: Annotated[StrictInt, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
         options: Annotated[dict[str, Any] | None, Field(
             description="per-query options of the mode, as in the HTTP API: e.g. k1, b (bm25); "
                         "fusion, alpha (hybrid); proposer, lambda, tau, fb_docs, fb_terms (sira)")] = None,
+        filter: Annotated[dict[str, Any] | None, Field(
+            description="only documents whose fields match, e.g. {\"kind\": \"runbook\"}, "
+                        "{\"year\": {\"gte\": 2024}}, {\"tags\": {\"any\": [\"billing\"]}}; "
+                        "and / or / not combine them")] = None,
+        ctx: Context = None,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the collection; returns a ranked list with why each document matched.
 
@@ -113,15 +280,18 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
             opts = check_options(dict(options or {}))
         except ValueError as e:
             raise ToolError(str(e)) from e
-        res = guarded(searcher.search, query, mode=mode, k=k, **opts)
+        res = guarded(search_with_options, searcher, query, mode, k, opts, filter=filter, principal=caller(ctx))
         return _text_result(res.summary, res.to_dict())
 
     @server.tool(annotations=_READ_ONLY)
     def get_document(
         doc_id: Annotated[Text, Field(min_length=1, description="a doc_id from a search hit")],
+        ctx: Context = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         """Fetch one document's title and full text by its doc_id."""
-        doc = guarded(searcher.get_document, doc_id)
+        # forbidden answers as missing; the method is looked up inside guarded(): with no
+        # servable version (a scrub quarantined it) the lookup itself raises IndexFormatError
+        doc = guarded(lambda: searcher.get_document(doc_id, principal=caller(ctx)))
         if doc is None:
             raise ToolError(f"no document with doc_id {doc_id!r} in index version {searcher.version}; "
                             "use a doc_id from a search hit")
@@ -133,15 +303,17 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
         terms: Annotated[list[Term], Field(min_length=1, max_length=MAX_TERMS,
                                            description=f"words to look up: at most {MAX_TERMS}, of at "
                                                        f"most {MAX_TERM_CHARS} characters each")],
+        ctx: Context = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         """How many documents contain each word (df) and its idf; no passages."""
-        stats = guarded(term_stats_of, searcher, terms)
+        stats = guarded(term_stats_of, searcher, terms, principal=caller(ctx))
         lines = []
         for s in stats["stats"]:
             if not s["forms"]:
                 lines.append(f"{s['term']}: not searchable ({s['note'] or 'stopword'})")
                 continue
-            forms = "; ".join(f"{f['analyzed']}: df {f['df']}, idf {f['idf']:.3f}" for f in s["forms"])
+            forms = "; ".join(f"{f['analyzed']}: df {f['df']}" + (f", idf {f['idf']:.3f}" if f["idf"] is not None
+                                                                  else "") for f in s["forms"])
             lines.append(f"{s['term']} -> {forms} (of {stats['n_docs']} documents)")
         return _text_result("\n".join(lines), stats)
 
@@ -150,7 +322,9 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0) -> MCPSe
 
 def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,
             token: str | None = None, insecure: bool = False, allow_hosts: Iterable[str] = (),
-            max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None) -> int:
+            max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
+            body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, scrub: ScrubConfig | None = None,
+            tokens: str | None = None) -> int:
     """Serve ``index_root`` as an MCP server until the client disconnects or interrupted.
 
     Parameters
@@ -170,9 +344,20 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     allow_hosts
         Host header values accepted besides :func:`allowed_hosts`' defaults.
     max_body_bytes
-        Largest request body accepted (413 beyond it, before the token check).
+        Largest request body accepted (413 beyond it, before the token check); over stdio,
+        the longest request line (a longer one is skipped and answered with a JSON-RPC error).
     chat
         A ``ChatProvider`` for SIRA's llm proposer and hybrid expansions (optional).
+    body_timeout_s
+        streamable-http only: seconds a request body may take to arrive in full; then 408.
+    scrub
+        The background scrub's interval and read rate (``serving.scrub``; default: a pass every
+        6 h at 8 MiB/s; ``ScrubConfig(interval_s=0)`` turns it off); a damaged version's
+        searches become tool errors.
+    tokens
+        streamable-http only: a tokens file (``serving/principals.py``); each caller's tool
+        calls run as its principal (ACLs apply), reloaded when the file changes. ``token``
+        stays the administrator's.
 
     Returns
     -------
@@ -189,15 +374,19 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     if transport == "stdio":
-        if token is not None:
+        if token is not None or tokens is not None:
             raise ValueError("a token protects the streamable-http transport; over stdio the client "
                              "starts this process itself: leave --token out, or add "
                              "--transport streamable-http")
         ix = open_index(index_root, chat=chat)
+        scrubbing = None
         try:
             ix.warm()  # the first tool call then does not load the compiled kernels (~0.5 s)
-            build_mcp_server(ix).run("stdio")
+            scrubbing = start_scrub(ix.follower, scrub)
+            build_mcp_server(ix, max_line_bytes=max_body_bytes).run("stdio")
         finally:
+            if scrubbing is not None:
+                scrubbing.close()
             ix.close()  # the version's reader lease goes now, not at interpreter exit
         return 0
 
@@ -205,20 +394,24 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
 
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
-    check_exposure(host, token, insecure, f"MCP for {index_root}")
+    from .principals import TokenFile
+    token_file = TokenFile(tokens) if tokens else None
+    check_exposure(host, token or tokens, insecure, f"MCP for {index_root}")
     hosts = allowed_hosts(host, allow_hosts)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
     ix = open_index(index_root, chat=chat)
     log.info("warm-up query answered in %.2fs", ix.warm())  # before listening: no request pays it
-    server = build_mcp_server(ix)
+    scrubbing = start_scrub(ix.follower, scrub)
+    server = build_mcp_server(ix, token=token, tokens=token_file)
     app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                   max_request_body_size=max_body_bytes),
-                       token=token, max_body_bytes=max_body_bytes)
+                       token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
+                       tokens=token_file)
     shown = f"[{host}]" if ":" in host else host
     log.info("MCP server for %s on http://%s:%d/mcp; token %s; Host headers accepted: %s", index_root, shown,
-             port, "required (Authorization: Bearer ...)" if token else "not required",
+             port, "required (Authorization: Bearer ...)" if token or tokens else "not required",
              ", ".join(h for h in hosts if not h.endswith(":*")))
     http_server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
@@ -226,5 +419,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use
         return int(e.code or 1)
     finally:
+        if scrubbing is not None:
+            scrubbing.close()
         ix.close()  # the version's reader lease goes now, not at interpreter exit
     return 0 if http_server.started else 1

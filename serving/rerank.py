@@ -2,8 +2,9 @@
 
 The funnel (DESIGN.md "Hybrid retrieval", step 4): the top 30-40 fused candidates go to
 ``RerankProvider.rerank(query, documents, top_n) -> [(index, score), ...]``, best first,
-where ``index`` points into ``documents``. Long documents are reranked by their best
-chunk (:func:`best_chunk`), not whole.
+where ``index`` points into ``documents``. Hybrid search hands each candidate's best
+passage (its citation: ``serving/citations.py``), not the whole document;
+:func:`best_chunk` finds the best window of a text that has no passages.
 
 * :class:`CrossEncoderReranker` — a local sentence-transformers ``CrossEncoder``. No
   pretrained cross-encoder ships offline here (no PyPI package carries one), so it needs a

@@ -10,6 +10,27 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Citation:
+    """A hit's best passage: what an agent quotes, and where it is.
+
+    ``start``/``end`` are character offsets into the document's text (``text[start:end]``
+    is ``text``; ``get_document(doc_id, start, end)`` fetches around it); ``line_start`` /
+    ``line_end`` are its 1-based lines. ``ordinal`` is the passage's number in the
+    document; ``via`` says how it was chosen: ``dense`` (the passage the dense score came
+    from, ``score`` its cosine) or ``terms`` (the most matched query terms).
+    """
+
+    text: str
+    start: int
+    end: int
+    line_start: int
+    line_end: int
+    ordinal: int | None = None
+    score: float | None = None
+    via: str = ""
+
+
+@dataclass(frozen=True)
 class Hit:
     """One retrieved document.
 
@@ -26,6 +47,7 @@ class Hit:
     why: str = ""
     docno: int = -1
     explain: dict[str, Any] = field(default_factory=dict)
+    passage: Citation | None = None  # the best passage (see Citation); None without explain
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import regex
 
+from . import filters
 from .bm25 import BM25Params
+from .errors import ModeUnavailable, SearchError  # re-exported: their home is errors.py
 from .index import IndexVersion, VersionFollower
 from .lexical import BM25Retriever, Scored
+from .options import check_option_values
 from .result import Hit, SearchResult, summarize
 
 if TYPE_CHECKING:
@@ -34,14 +37,6 @@ log = logging.getLogger(__name__)
 MAX_QUERY_CHARS = 100_000
 MAX_K = 1000
 BATCH_CELLS = 2_000_000  # search_batch (bm25): queries x depth answered per compiled call
-
-
-class SearchError(ValueError):
-    """Bad search input (maps to HTTP 400 / an MCP tool error)."""
-
-
-class ModeUnavailable(SearchError):
-    """The mode exists but this index or configuration cannot serve it."""
 
 
 _SENTENCE = regex.compile(r"(?<=[.!?])\s+")
@@ -133,8 +128,15 @@ class Searcher:
         return self._follow.refresh()
 
     def status(self) -> dict:
-        """``{"state": "ok" | "degraded", "serving_version", "current", "pinned", "reason", "since"}``."""
+        """``{"state": "ok" | "degraded" | "unavailable", "serving_version", "current", "pinned", "reason",
+        "since"}``."""
         return self._follow.status()
+
+    @property
+    def follower(self) -> VersionFollower:
+        """What keeps this searcher on CURRENT; the background scrub (``serving.scrub``)
+        reports damaged versions to it."""
+        return self._follow
 
 
 class VersionSearcher:
@@ -155,6 +157,7 @@ class VersionSearcher:
         from .sira import ForwardIndex, SiraConfig
         self.sira_config = SiraConfig.from_manifest(ix.manifest.get("sira"))
         self.forward = ForwardIndex(ix)  # documents' terms for feedback proposers, built on first use
+        self._masks: filters.MaskCache | None = None  # filters and ACLs as masks, built on first use
 
     @property
     def version(self) -> str:
@@ -193,7 +196,7 @@ class VersionSearcher:
             raise SearchError(f"query has {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
         if mode not in self.modes():
             raise SearchError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes())}")
-        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise SearchError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
         return query.strip()
 
@@ -206,21 +209,36 @@ class VersionSearcher:
                 "hybrid": bm25 | {"nprobe", "rerank", "expand"} | set(HybridConfig.__dataclass_fields__),
                 }.get(mode, set()) | {"context_tokens"}
 
-    def _check_options(self, mode: str, options: dict) -> None:
+    def _check_options(self, mode: str, options: dict) -> dict:
+        """``options`` checked (names for ``mode``, every value: ``options.check_option_values``)
+        and converted; the one check every front end reaches, before any query runs."""
         unknown = set(options) - self.mode_options(mode)
         if unknown:
             raise SearchError(f"unknown option(s) {', '.join(sorted(unknown))} for mode {mode!r}; "
                               f"valid: {', '.join(sorted(self.mode_options(mode)))}")
+        options = check_option_values(options)
         if mode == "sira":  # values too, and whether this index can run the proposer, before any query
             from .sira import prepare
             prepare(self, options)
+        return options
 
     def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
-               **options) -> SearchResult:
-        """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...)."""
+               filter: Any = None, principal: Any = None, **options) -> SearchResult:
+        """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...).
+
+        ``filter`` (a JSON object or its text; ``serving.filters``) narrows the search to the
+        documents it matches, in every mode, before ranking; ``principal``
+        (``serving.principals.Principal``) runs it as that caller: only documents its ACL
+        lets it read. None for both: every document."""
+        if filter is not None or principal is not None:
+            mask = self.mask(filter, principal)
+            with filters.scope(mask):
+                res = self.search(query, mode, k, explain=explain, **options)
+            if filter is not None:
+                res.trace["filter"] = {"filter": filter, "documents": mask.count}
+            return res
         query = self._check(query, mode, k)
-        self._check_options(mode, options)
-        options = dict(options)
+        options = self._check_options(mode, options)
         context_tokens = options.pop("context_tokens", None)
         t0 = time.perf_counter()
         scored, trace, note, matched_fn = self.modes()[mode](query, k, options)
@@ -234,7 +252,7 @@ class VersionSearcher:
 
     def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
                      remove_query: bool = False, errors: dict[str, str] | None = None,
-                     _sink: "_DictSink | _RowsSink | None" = None,
+                     _sink: "_DictSink | _RowsSink | None" = None, filter: Any = None, principal: Any = None,
                      **options) -> dict[str, list[tuple[str, float]]]:
         """Answer many queries for a run file; no explanations or snippets.
 
@@ -254,16 +272,22 @@ class VersionSearcher:
             ``errors[qid] = reason``, left out of the result, and the other queries are
             answered. With ``None`` (default) the first bad query raises
             :class:`SearchError` naming its qid.
+        filter, principal
+            As for :meth:`search`: every query under the same filter and caller.
 
         Returns
         -------
         dict[str, list[tuple[str, float]]]
             ``{qid: [(doc_id, score), ...]}`` best first, for every query answered.
         """
+        if filter is not None or principal is not None:
+            with filters.scope(self.mask(filter, principal)):
+                return self.search_batch(queries, mode, k, remove_query=remove_query, errors=errors, _sink=_sink,
+                                         **options)
         if mode not in self.modes():
             raise SearchError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes())}")
-        self._check_options(mode, options)
-        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+        options = self._check_options(mode, options)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise SearchError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
         depth = k + 1 if remove_query else k
 
@@ -294,7 +318,8 @@ class VersionSearcher:
             sira = prepare(self, options)
             # prf / dense / their union: one compiled call; a proposer that runs per query (llm):
             # expansions in Python, scoring batched
-            self._sira_batch(queries, depth, k, sira, checked, remove_query, out, batch_available(self, sira))
+            self._sira_batch(queries, depth, k, sira, checked, remove_query, out,
+                             batch_available(self, sira) and filters.active() is None)
             return out.result()
         items = list(queries.items())
         for start in range(0, len(items), 256):
@@ -380,22 +405,47 @@ class VersionSearcher:
             doc = self.index.docs.get(s.docno)
             detail = matched_fn(s.docno) if (explain and matched_fn) else {}
             terms = tuple(detail.get("terms", {}))
+            cite = self.citation(doc, s.docno, set(terms), detail.pop("passage", None)) if explain else None
+            # The snippet is the passage's best sentence (a short document's passage is all of it).
             hits.append(Hit(doc_id=doc["doc_id"], rank=rank, score=round(s.score, 6), title=doc["title"],
-                            snippet=snippet(doc["text"], set(terms), self.index.analyzer.analyze) if explain else "",
+                            snippet=snippet(cite.text, set(terms), self.index.analyzer.analyze) if explain else "",
                             matched_terms=terms, why=detail.get("why", ""), docno=s.docno,
-                            explain=detail))
+                            explain=detail, passage=cite))
         return hits
 
-    def _context(self, hits: list[Hit], budget: int, chunk_tokens: int = 256) -> list[dict]:
-        """Best chunk of each hit, merged, fitted to ``budget`` tokens, U-shaped (context.py)."""
+    def passage_spans(self, docno: int, text: str, window: int | None = None):
+        """``(m, 2)`` character spans of a document's passages: the index's own (what was
+        embedded) where it stores them, else the query-time split of ``window`` tokens
+        (``citations.default_spans``)."""
+        from .citations import DEFAULT_WINDOW, default_spans
+        stored = self.dense_mode.passages()
+        return stored.spans_of(docno) if stored is not None else default_spans(text, window or DEFAULT_WINDOW)
+
+    def citation(self, doc: dict, docno: int, terms: set[str], dense: dict | None = None,
+                 window: int | None = None):
+        """A hit's best passage (``citations``): ``dense`` (``DenseIndex.best_passage``) when
+        the dense list found it, else the passage with the most of ``terms``."""
+        from .citations import lexical_best, make_citation
+        text = doc["text"] or ""
+        if dense is not None:
+            return make_citation(text, dense["start"], dense["end"], dense["ordinal"], "dense", dense["score"])
+        spans = self.passage_spans(docno, text, window)
+        if len(spans) == 0:
+            return make_citation(text, 0, len(text), 0, "terms")
+        j = lexical_best(text, spans, terms, self.index.analyzer.analyze)
+        return make_citation(text, int(spans[j][0]), int(spans[j][1]), j, "terms")
+
+    def _context(self, hits: list[Hit], budget: int) -> list[dict]:
+        """Best passage of each hit (its citation), merged, fitted to ``budget`` tokens,
+        U-shaped (context.py)."""
         from .context import Passage, pack_context
-        from .rerank import best_chunk
         passages = []
         for h in hits:
-            doc = self.index.docs.get(h.docno)
-            start, end, text = best_chunk(set(h.matched_terms), doc["text"], self.index.analyzer.analyze,
-                                          chunk_tokens=chunk_tokens, stride=chunk_tokens // 2)
-            passages.append(Passage(h.doc_id, start, end, text, float(h.score)))
+            cite = h.passage
+            if cite is None:  # a search without explanations: find it now
+                doc = self.index.docs.get(h.docno)
+                cite = self.citation(doc, h.docno, set(h.matched_terms))
+            passages.append(Passage(h.doc_id, cite.start, cite.end, cite.text, float(h.score)))
         return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
                 for p in pack_context(passages, budget)]
 
@@ -449,15 +499,54 @@ class VersionSearcher:
         return run_sira(self, query, k, options)
 
     # -- documents and statistics ----------------------------------------------------------
-    def get_document(self, doc_id: str) -> dict | None:
-        n = self.index.docs.docno_of(doc_id)
-        return None if n is None else self.index.docs.get(n)
+    def get_document(self, doc_id: str, start: int | None = None, end: int | None = None, *,
+                     principal: Any = None, max_chars: int | None = None) -> dict | None:
+        """The stored document, or None; as ``principal``, None also where it may not read it
+        (exactly as for a missing id).
 
-    def term_stats(self, terms: list[str]) -> list[dict]:
-        """df / idf / cf for each analyzed form of ``terms``; never passages."""
+        ``text`` is ``[start, end)`` of the document's text (default: all of it), at most
+        ``max_chars`` characters (default ``citations.MAX_RANGE_CHARS``); the result adds
+        ``start``, ``end``, ``length``, ``line_start``, ``line_end``, ``truncated`` and
+        ``next_start`` (see ``citations.text_range``). A bad range raises SearchError
+        naming the document's length."""
+        from .citations import MAX_RANGE_CHARS, text_range
+        n = self.index.docs.docno_of(doc_id)
+        if n is not None and principal is not None and not principal.admin:
+            mask = self.mask(None, principal)
+            if mask is not None and not mask.allows_docno(n):
+                n = None
+        if n is None:
+            return None
+        return text_range(self.index.docs.get(n), start, end, MAX_RANGE_CHARS if max_chars is None else max_chars)
+
+    def mask(self, filter: Any = None, principal: Any = None) -> "filters.Mask | None":
+        """The :class:`~funnel.serving.filters.Mask` of a search with ``filter`` run as
+        ``principal`` (None when neither narrows it); a SearchError for a bad filter."""
+        cache = self._masks
+        if cache is None:
+            cache = self._masks = filters.MaskCache(filters.FieldStore(self.index))
+        return cache.mask(filter, principal)
+
+    def term_stats(self, terms: list[str], *, principal: Any = None) -> list[dict]:
+        """df / idf / cf for each analyzed form of ``terms``; never passages.
+
+        As a ``principal`` that is not an administrator, df and cf count only the documents it
+        may read, ``n_docs`` is how many those are, and idf (from the global df) is left out:
+        a hidden document's words are not revealed through a term's statistics."""
         from .bm25 import idf_lucene
         ix = self.index
         out = []
+        if principal is not None and not principal.admin:
+            mask = self.mask(None, principal) or filters.Mask(None, filters.FieldStore(ix).doc_off, True)
+            for raw in terms:
+                for t in ix.analyzer.analyze(raw) or [None]:
+                    if t is None:
+                        out.append({"term": raw, "analyzed": None, "df": 0, "cf": 0, "idf": None,
+                                    "note": "stopword or no searchable characters"})
+                        continue
+                    df, cf = mask.df_cf(ix, ix.vocab.get(t))
+                    out.append({"term": raw, "analyzed": t, "df": df, "cf": cf, "idf": None, "n_docs": mask.count})
+            return out
         for raw in terms:
             for t in ix.analyzer.analyze(raw) or [None]:
                 if t is None:

@@ -73,7 +73,9 @@ def assert_same_results(a_root: str, b_root: str, modes=("bm25",)) -> None:
         for q in QUERIES:
             ha, hb = a.search(q, mode=mode, k=20).hits, b.search(q, mode=mode, k=20).hits
             assert [h.doc_id for h in ha] == [h.doc_id for h in hb], (mode, q)
-            np.testing.assert_allclose([h.score for h in ha], [h.score for h in hb], rtol=0, atol=1e-6)
+            # Hit scores are rounded to 6 decimals: vectors that agree to float precision (see
+            # below) can round one unit apart, hence 2e-6.
+            np.testing.assert_allclose([h.score for h in ha], [h.score for h in hb], rtol=0, atol=2e-6)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 
 from funnel.pipelines.progress import ProgressLog, Status, format_duration, status_line
 from funnel.serving.cli import main
+from funnel.serving.search import open_index
 
 N_DOCS = 60
 QUERY = "split a string into shell-like tokens"
@@ -170,5 +171,8 @@ def test_ray_reindex_stops_its_local_ray_before_the_faiss_stage(built, demo_corp
     assert "ray: stopped the local Ray this reindex started" in r.stderr
     current = open(os.path.join(root, "CURRENT")).read().strip()
     manifest = json.load(open(os.path.join(root, current, "manifest.json")))
-    assert manifest["reindex"]["vectors"]["embedded"] == 2 and manifest["dense"]["ntotal"] == N_DOCS
+    # One vector per passage: the two changed documents' passages are embedded (a new cache).
+    ix = open_index(root)
+    changed = sum(len(ix.passage_spans(ix.index.docs.docno_of(rows[i]["_id"]), "")) for i in (3, 17))
+    assert manifest["reindex"]["vectors"]["embedded"] == changed and manifest["dense"]["passages"]["n_docs"] == N_DOCS
     assert main(["search", root, "revised paragraph about enzymes", "--mode", "dense", "--k", "3"]) == 0

@@ -22,7 +22,9 @@ def dense_index(ray_session, demo_corpus, tmp_path_factory):
 def test_dense_and_hybrid_modes(dense_index):
     ix = open_index(dense_index)
     m = ix.index.manifest["dense"]
-    assert m["ntotal"] == 150 and m["fingerprint"]["model"].endswith("all-MiniLM-L6-v2")
+    # One vector per passage: a docstring longer than the model's window is several.
+    assert m["ntotal"] >= 150 and m["passages"]["n_docs"] == 150
+    assert m["fingerprint"]["model"].endswith("all-MiniLM-L6-v2")
     q = "split a string into shell-like tokens"
     dense = ix.search(q, mode="dense", k=5)
     assert len(dense.hits) == 5 and dense.hits[0].why.startswith("semantic similarity")

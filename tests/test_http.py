@@ -185,7 +185,7 @@ def test_health_lists_only_the_modes_this_index_serves(client, searcher):
     body = r.json()
     assert body == {"status": "ok", "version": searcher.version, "n_docs": searcher.index.n_docs,
                     "modes": body["modes"], "refresh_error": None, "current": searcher.version,
-                    "degraded_since": None}
+                    "degraded_since": None, "damaged": []}
     # The demo index has no vectors: no dense, no hybrid. Every mode listed answers; every
     # other mode of the registry is refused with the reason.
     assert body["modes"][0] == "bm25" and not {"dense", "hybrid"} & set(body["modes"])

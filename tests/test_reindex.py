@@ -79,7 +79,7 @@ def test_merge_equals_a_rebuild_of_the_new_documents(old, data):
 
 def test_diff_counts():
     reuse, fresh, counts = diff_documents(["a", "b", "x"], ["1", "9", "5"], ["a", "b", "c"], ["1", "2", "3"])
-    assert counts == {"unchanged": 1, "changed": 1, "added": 1, "deleted": 1}
+    assert counts == {"unchanged": 1, "fields_changed": 0, "changed": 1, "added": 1, "deleted": 1}
     assert reuse.tolist() == [0, -1, -1] and fresh.tolist() == [1, 2]
 
 
@@ -343,15 +343,19 @@ def test_dense_reindex_embeds_only_what_changed(executor, ray_session, demo_corp
     re_root, full_root = str(tmp_path / "re"), str(tmp_path / "full")
     build(a, re_root, shards=2, dense=True)
     rep = reindex(re_root, b, executor=executor)  # dense follows the live version
-    assert rep.dense == {"reused": 36, "from_cache": 0, "embedded": 4}  # 2 changed + 2 added
     m = load_manifest(_version(re_root))
-    assert m["reindex"]["vectors"] == rep.dense and m["dense"]["ntotal"] == 40
+    # Counts are of vectors, one per passage: the 36 unchanged documents' passages are reused,
+    # the 2 changed and 2 added documents' passages embedded (none of them was seen before).
+    ix = open_index(re_root)
+    fresh = sum(len(ix.passage_spans(ix.index.docs.docno_of(d), "")) for d in changed | {d["_id"] for d in extra})
+    assert rep.dense == {"reused": m["dense"]["ntotal"] - fresh, "from_cache": 0, "embedded": fresh}
+    assert fresh >= 4 and m["reindex"]["vectors"] == rep.dense and m["dense"]["passages"]["n_docs"] == 40
     # A full build of B finds every vector in the embedding cache (the reindex put the new ones
     # there), so both sides hold the same vectors and must rank identically.
     build(b, full_root, shards=2, dense=True)
     assert_same_index(re_root, full_root, tmp_path, modes=("bm25", "dense"))
     again = reindex(re_root, b, executor="local", force=True)
-    assert again.dense == {"reused": 40, "from_cache": 0, "embedded": 0}
+    assert again.dense == {"reused": m["dense"]["ntotal"], "from_cache": 0, "embedded": 0}
 
 
 def test_cli_help_states_every_default(capsys):

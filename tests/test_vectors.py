@@ -46,15 +46,14 @@ def docnos(shard: int, n: int) -> np.ndarray:
 
 
 def test_choose_nlist_formula():
-    assert choose_nlist(0) == choose_nlist(9_999) == 0
-    assert choose_nlist(10_000) == 256  # 4*sqrt(N) = 400 -> 512, capped at N/39 -> 256
-    assert choose_nlist(50_000) == 1024  # 4*sqrt(N) = 894 -> 1024
+    assert choose_nlist(0) == choose_nlist(49_999) == 0
+    assert choose_nlist(50_000) == 1024  # 4*sqrt(N) = 894 -> 1024; N/39 = 1282 -> 1024
     assert choose_nlist(1_000_000) == 4096  # 4000 -> 4096
     assert choose_nlist(100_000_000) == 32768  # 40000 -> 32768
     assert default_nprobe(1024) == 64 and default_nprobe(64) == 8 and default_nprobe(0) == 0
 
 
-@given(st.integers(min_value=10_000, max_value=10**10))
+@given(st.integers(min_value=50_000, max_value=10**10))
 @settings(max_examples=200, deadline=None)
 def test_choose_nlist_is_a_power_of_two_with_enough_training_points(n):
     nlist = choose_nlist(n)

@@ -43,14 +43,18 @@ def per_query_group(dim: int) -> int:
 
 
 def _dense_feedback(searcher, texts: list[str], fb_docs: int, nprobe, offsets: np.ndarray):
-    """(rows [n, fb], scores [n, fb], counts [n]) of each text's dense neighbours, as global
-    forward-index rows."""
+    """(rows [n, fb], scores [n, fb], counts [n], split [n]) of each text's dense neighbours,
+    as global forward-index rows; ``split``: a neighbour is a document of several passages,
+    whose feedback is its best passage (``proposers.passage_rows``), not its row."""
     d = searcher.dense_mode.dense()
     vecs = np.vstack([d.embed_query(t) for t in texts]).astype(np.float32, copy=False)
     group = per_query_group(vecs.shape[1])
     scores = np.zeros((len(texts), fb_docs))
     rows = np.zeros((len(texts), fb_docs), dtype=np.int64)
     counts = np.zeros(len(texts), dtype=np.int64)
+    split = np.zeros(len(texts), dtype=bool)
+    stored = searcher.dense_mode.passages()
+    multi = stored is not None and stored.max_per_doc > 1
     for s in range(0, len(texts), group):
         sc, ids = d.search_vectors(vecs[s:s + group], fb_docs, nprobe)
         valid = ids >= 0  # FAISS pads at the end of a row
@@ -58,7 +62,10 @@ def _dense_feedback(searcher, texts: list[str], fb_docs: int, nprobe, offsets: n
         safe = np.where(valid, ids, 0)
         rows[s:s + group] = np.where(valid, offsets[safe >> 32] + (safe & 0xFFFFFFFF), 0)
         scores[s:s + group] = np.where(valid, sc.astype(np.float64), 0.0)
-    return rows, scores, counts
+        if multi:
+            for q, row in enumerate(ids.tolist(), start=s):
+                split[q] = any(stored.count(n) > 1 for n in row if n >= 0)
+    return rows, scores, counts, split
 
 
 def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -78,8 +85,9 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
     acc, touched = bm._buffers()
     den, itab = bm._table(params)
     fptr, fg, ftf, fdl, offsets, _, short = searcher.forward._build()
+    split = np.zeros(n, dtype=bool)
     if "dense" in prep.sources:
-        d_rows, d_w, d_n = _dense_feedback(searcher, texts, cfg.fb_docs, prep.nprobe, offsets)
+        d_rows, d_w, d_n, split = _dense_feedback(searcher, texts, cfg.fb_docs, prep.nprobe, offsets)
     else:
         d_rows, d_w, d_n = np.zeros((n, 0), dtype=np.int64), np.zeros((n, 0)), np.zeros(n, dtype=np.int64)
     V = len(ix.vocab)
@@ -90,4 +98,9 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
                        float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
                        "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
                        pos, score, cnt, nexp)
+    if split.any():  # their feedback is passages, which the kernel's document rows do not hold
+        from .mode import expand_weights
+        todo = np.flatnonzero(split)
+        p, sc, c = bm.search_weighted_batch([expand_weights(searcher, texts[q], prep) for q in todo], k, params)
+        pos[todo], score[todo], cnt[todo] = p, sc, c
     return pos, score, cnt

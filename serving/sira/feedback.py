@@ -40,9 +40,9 @@ class ForwardIndex:
         if self._built is None:
             with self._lock:
                 if self._built is None:
-                    # Filled shard by shard into arrays of the final size: at 1M documents
-                    # (120M postings) per-shard arrays concatenated, and a float64 copy of
-                    # every tf for the lengths, had peaked at 4.4 GB RSS (2.7 GB this way).
+                    # Filled shard by shard into arrays of the final size: per-shard arrays
+                    # concatenated, and a float64 copy of every tf for the lengths, would
+                    # peak at ~1.6x the memory (1M documents, 120M postings).
                     total = sum(len(sh.docs) for sh in self.index.shards)
                     n_docs = sum(sh.n_docs for sh in self.index.shards)
                     ptr = np.empty(n_docs + 1, dtype=np.int64)

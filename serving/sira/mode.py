@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import filters
+from ..errors import ModeUnavailable, SearchError
 from .dffilter import MAX_N_RANGE, Verdict, df_filter
 from .proposers import PROPOSERS, Proposal, ProposalContext
 
@@ -35,7 +37,6 @@ FB_MAX = 100
 
 
 def _error(msg: str) -> Exception:
-    from ..search import SearchError
     return SearchError(msg)
 
 
@@ -121,7 +122,6 @@ class SiraConfig:
 
 def resolve_proposer(cfg: SiraConfig, dense_available: bool, chat_available: bool) -> tuple[str, list[str], str]:
     """(proposer, the sources it runs, a note for the reader) for this index and setup."""
-    from ..search import ModeUnavailable
     p, note = cfg.proposer, ""
     if p == "auto":
         if chat_available:
@@ -146,13 +146,18 @@ def filter_proposals(proposals: list[Proposal], query_terms, index, cfg: SiraCon
     """The DF filter's verdict on each proposal, against the index's term statistics."""
     vocab, df, analyze = index.vocab, index.df, index.analyzer.analyze
     qset = set(query_terms)
+    mask = filters.active()  # a filtered search: df and N over the allowed documents only
 
     def df_of(key: str) -> int:
         g = vocab.get(key)
         return 0 if g is None else int(df[g])
 
+    if mask is not None:
+        def df_of(key: str) -> int:  # noqa: F811 - the filtered search's count
+            return mask.df_of(index, key)
+
     return [df_filter(p.tokens if p.tokens is not None else analyze(p.phrase), qset, df_of,
-                      index.n_docs, cfg.tau, cfg.max_n) for p in proposals]
+                      index.n_docs if mask is None else mask.count, cfg.tau, cfg.max_n) for p in proposals]
 
 
 def expansion_terms(proposals: list[Proposal], verdicts: list[Verdict]) -> dict[str, tuple[float, tuple[str, ...]]]:
@@ -300,7 +305,7 @@ def run_sira(searcher, query: str, k: int, options: dict):
     cfg, params, qterms, exp, lam = prep.config, prep.params, x.query_terms, x.terms, x.lam
     trace = {"sira": {
         "proposer": x.proposer, "requested": cfg.proposer, "sources": list(prep.sources), "lambda": lam,
-        "tau": cfg.tau, "tau_n": cfg.tau * searcher.index.n_docs, "max_n": cfg.max_n, "fb_docs": cfg.fb_docs,
+        "tau": cfg.tau, "tau_n": cfg.tau * (searcher.index.n_docs if filters.active() is None else filters.active().count), "max_n": cfg.max_n, "fb_docs": cfg.fb_docs,
         "fb_terms": cfg.fb_terms, "k1": params.k1, "b": params.b, "length_norm": params.length_norm,
         "note": x.note, "query_terms": qterms,
         "proposals": [{"phrase": p.phrase, "source": p.source, "weight": p.weight, "evidence": p.evidence,

@@ -6,7 +6,9 @@ phrase with a weight in (0, 1] (1 = the proposer's strongest) and its provenance
 * ``prf``   RM3 terms of the top ``fb_docs`` BM25 documents (pseudo-relevance feedback).
 * ``dense`` the same feedback over the dense retriever's top ``fb_docs`` documents, each
   term's weight multiplied by its idf (discriminative: the dense neighbours share generic
-  vocabulary that RM3 alone would rank first). Needs an index built with ``--dense``.
+  vocabulary that RM3 alone would rank first). Needs an index built with ``--dense``. Where
+  the index has passages, each document feeds back its best passage (the one its dense
+  score came from), not all of a long document's vocabulary.
 * ``llm``   an expected-evidence sketch from the configured chat model: up to ten phrases
   a relevant document would contain and the query lacks, never the answer.
 * ``union`` is not a function here: the mode runs every available proposer.
@@ -24,7 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .feedback import select_terms
+from .. import filters
+from .feedback import rm3_from_rows, select_terms
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,31 @@ class ProposalContext:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: bool) -> list[Proposal]:
+def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: bool,
+              rows: tuple | None = None) -> list[Proposal]:
+    """RM3 terms of the feedback units: the documents' forward-index rows, or ``rows``
+    (term ids, tfs, owner, lengths: see :func:`passage_rows`)."""
     ix, fwd, cfg = ctx.searcher.index, ctx.searcher.forward, ctx.config
     if len(docnos) == 0:
         return []
-    uniq, weights, ndocs = fwd.rm3_weights(docnos, doc_weights)
+    if rows is None:
+        uniq, weights, ndocs = fwd.rm3_weights(docnos, doc_weights)
+    else:
+        g, tf, owner, dl = rows
+        w = np.maximum(np.asarray(doc_weights, dtype=np.float64), 0.0)
+        scale = np.divide(w, dl, out=np.zeros_like(w), where=dl > 0)
+        uniq, weights, ndocs = rm3_from_rows(g, tf * scale[owner])
     if len(uniq) == 0:
         return []
-    eligible = (ix.df[uniq] <= cfg.tau * ix.n_docs) & ~fwd.short[uniq]
+    mask = filters.active()  # a filtered search: DF evidence from the allowed documents only
+    if mask is None:
+        eligible = (ix.df[uniq] <= cfg.tau * ix.n_docs) & ~fwd.short[uniq]
+    else:  # a term's df among them is at most its global df: count only where that decides
+        ceiling = cfg.tau * mask.count
+        eligible = ~fwd.short[uniq]
+        over = np.flatnonzero(eligible & (np.asarray(ix.df)[uniq] > ceiling))
+        if len(over):
+            eligible[over] = mask.df(ix, uniq[over]) <= ceiling
     qg = np.array([g for t in ctx.query_terms if (g := ix.vocab.get(t)) is not None], dtype=np.int64)
     if len(qg):  # never propose the query's own terms
         at = np.minimum(np.searchsorted(uniq, qg), len(uniq) - 1)
@@ -79,11 +99,50 @@ def propose_prf(ctx: ProposalContext) -> list[Proposal]:
 
 
 def propose_dense(ctx: ProposalContext) -> list[Proposal]:
-    """idf-weighted RM3 terms of the dense retriever's top ``fb_docs`` documents."""
+    """idf-weighted RM3 terms of the dense retriever's top ``fb_docs`` documents (their best
+    passages, where the index has passages)."""
     t = time.perf_counter()
     hits = ctx.searcher.dense_mode.search(ctx.query, ctx.config.fb_docs, ctx.nprobe)
     ctx.timings["dense"] = round((time.perf_counter() - t) * 1000, 3)
-    return _feedback(ctx, "dense", [h.docno for h in hits], [h.score for h in hits], use_idf=True)
+    docnos = [h.docno for h in hits]
+    return _feedback(ctx, "dense", docnos, [h.score for h in hits], use_idf=True,
+                     rows=passage_rows(ctx.searcher, ctx.query, docnos))
+
+
+def passage_feedback(searcher) -> bool:
+    """True when the dense proposer feeds back passages: the index stores some document as
+    more than one passage (a one-passage document's forward-index row is its passage)."""
+    stored = searcher.dense_mode.passages()
+    return stored is not None and stored.max_per_doc > 1
+
+
+def passage_rows(searcher, query: str, docnos) -> tuple | None:
+    """The dense proposer's feedback units: each document's best passage for ``query``
+    (``DenseIndex.best_passage``), analyzed with its title as the document was;
+    (term ids, tfs, owner, lengths) for :func:`~.feedback.rm3_from_rows`, or None where
+    every document is one passage (:func:`passage_feedback`: their rows are the units)."""
+    if not len(docnos) or not passage_feedback(searcher):
+        return None
+    ix, fwd, stored = searcher.index, searcher.forward, searcher.dense_mode.passages()
+    qv = searcher.dense_mode.dense().embed_query(query)
+    gs, tfs, owners = [], [], []
+    dl = np.zeros(len(docnos))
+    for i, n in enumerate(docnos):
+        if stored.count(n) <= 1:
+            g, tf = fwd.row(n)
+        else:
+            best = stored.best(qv, n)
+            doc = ix.docs.get(n)
+            text = (doc["text"] or "")[best["start"]:best["end"]]
+            terms = ix.analyzer.analyze(f"{doc['title']}\n{text}" if doc["title"] else text)
+            g, tf = np.unique(np.asarray([x for t in terms if (x := ix.vocab.get(t)) is not None], dtype=np.int64),
+                              return_counts=True)
+        tf = np.asarray(tf, dtype=np.float64)
+        gs.append(np.asarray(g, dtype=np.int64))
+        tfs.append(tf)
+        owners.append(np.full(len(g), i, dtype=np.int64))
+        dl[i] = tf.sum()
+    return np.concatenate(gs), np.concatenate(tfs), np.concatenate(owners), dl
 
 
 # -- the LLM's expected-evidence sketch ----------------------------------------------------

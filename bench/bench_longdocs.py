@@ -1,0 +1,160 @@
+"""Long documents: every mode before and after passages, on SciFact abstracts packed into containers.
+
+    .venv/bin/python bench/bench_longdocs.py [--data DIR] [--per-doc 20,40] [--seed 0] [--write]
+
+The check the issue asks for, built from data at hand: SciFact's 5,183 abstracts are
+shuffled (seeded) and packed, 20 to 40 at a time, into long documents of a few thousand
+words (each abstract a paragraph: its title, a line break, its text). A query's relevant
+containers are those holding a relevant abstract (its highest grade); SciFact's test queries
+are asked of them. The corpus is written under ``--out`` at run time, never committed.
+
+Two builds of the same corpus, in subprocesses (each one's peak memory is its own):
+``--passages off`` (one vector per document: the embedder reads its first window, what
+funnel did before passages) and ``--passages on`` (the default). Both are evaluated with
+``funnel eval``'s code on bm25, dense, hybrid and sira (each mode's defaults). BM25 does not
+depend on passages, so its row is the same in both. Prints its section of bench/RESULTS.md;
+--write records it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(__file__))
+from results import add_common_arguments, dataset_dir, report  # noqa: E402
+
+MODES = ("bm25", "dense", "hybrid", "sira")
+
+
+def pack(corpus: list[dict], per_doc: tuple[int, int], seed: int) -> tuple[list[dict], dict[str, str]]:
+    """(containers, abstract id -> container id): abstracts shuffled, then packed in runs of
+    ``per_doc[0]..per_doc[1]`` (seeded), each a paragraph ``title\\ntext``; no titles."""
+    rng = random.Random(seed)
+    docs = list(corpus)
+    rng.shuffle(docs)
+    out, where, i = [], {}, 0
+    while i < len(docs):
+        n = rng.randint(*per_doc)
+        part = docs[i:i + n]
+        cid = f"L{len(out):04d}"
+        out.append({"_id": cid, "title": "",
+                    "text": "\n\n".join(f"{d.get('title', '')}\n{d['text']}".strip() for d in part)})
+        for d in part:
+            where[d["_id"]] = cid
+        i += n
+    return out, where
+
+
+def write_dataset(src: str, out: str, per_doc: tuple[int, int], seed: int) -> dict:
+    """The packed corpus as a BEIR folder (test queries and container qrels); its stats."""
+    corpus = [json.loads(line) for line in open(os.path.join(src, "corpus.jsonl"))]
+    containers, where = pack(corpus, per_doc, seed)
+    os.makedirs(os.path.join(out, "qrels"), exist_ok=True)
+    with open(os.path.join(out, "corpus.jsonl"), "w") as f:
+        for c in containers:
+            f.write(json.dumps(c) + "\n")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(os.path.join(src, "qrels", "test.tsv")) as f:
+        next(f)
+        for line in f:
+            qid, did, rel = line.rstrip("\n").split("\t")[:3]
+            if did in where and int(rel) > 0:
+                c = qrels.setdefault(qid, {})
+                c[where[did]] = max(c.get(where[did], 0), int(rel))
+    with open(os.path.join(out, "qrels", "test.tsv"), "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, rels in qrels.items():
+            for cid, rel in sorted(rels.items()):
+                f.write(f"{qid}\t{cid}\t{rel}\n")
+    with open(os.path.join(src, "queries.jsonl")) as f, open(os.path.join(out, "queries.jsonl"), "w") as g:
+        g.writelines(line for line in f if json.loads(line)["_id"] in qrels)
+    words = sorted(len(c["text"].split()) for c in containers)
+    return {"abstracts": len(corpus), "documents": len(containers), "queries": len(qrels),
+            "median_words": words[len(words) // 2], "max_words": words[-1]}
+
+
+def build(corpus: str, root: str, passages: str) -> dict:
+    """``funnel build --dense --passages P`` in a subprocess: its seconds, peak RSS, manifest."""
+    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", root, "--dense",
+           "--passages", passages]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    secs = time.perf_counter() - t
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed")
+    from funnel.pipelines.artifacts import load_manifest, read_current
+    m = load_manifest(os.path.join(root, read_current(root)))
+    return {"seconds": secs, "peak_mib": usage.ru_maxrss / 1024, "manifest": m}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_arguments(p)
+    p.add_argument("--out", default=os.path.join(".funnel", "longdocs"),
+                   help="where the packed corpus and the two indexes are written")
+    p.add_argument("--per-doc", default="20,40", help="abstracts per long document: MIN,MAX")
+    p.add_argument("--seed", type=int, default=0, help="shuffle and packing seed")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    lo, hi = (int(x) for x in a.per_doc.split(","))
+    src = dataset_dir(a.data, "scifact")
+    data = os.path.join(a.out, "scifact-long")
+    stats = write_dataset(src, data, (lo, hi), a.seed)
+    print(f"{stats['documents']} documents (median {stats['median_words']:,} words) from {stats['abstracts']:,} "
+          f"abstracts; {stats['queries']} test queries", file=sys.stderr)
+    from funnel.evaluation.evaluate import eval_dataset
+    from funnel.serving.search import open_index
+    rows, builds = {}, {}
+    for setting in ("off", "on"):
+        root = os.path.join(a.out, f"index-passages-{setting}")
+        shutil.rmtree(root, ignore_errors=True)
+        builds[setting] = build(os.path.join(data, "corpus.jsonl"), root, setting)
+        res = eval_dataset(open_index(root), data, list(MODES))
+        rows[setting] = {m: res["metrics"][m]["ndcg@10"] for m in MODES}
+        print(setting, rows[setting], file=sys.stderr)
+    off, on = rows["off"], rows["on"]
+    lines = [f"SciFact's {stats['abstracts']:,} abstracts packed {lo}-{hi} to a document (seed {a.seed}): "
+             f"{stats['documents']} documents, median {stats['median_words']:,} words (max "
+             f"{stats['max_words']:,}); {stats['queries']} SciFact test queries, a container relevant when "
+             f"it holds a relevant abstract. Embedder all-MiniLM-L6-v2 (256 word pieces); every mode at "
+             f"its defaults; NDCG@10.", "",
+             "| passages | bm25 | dense | hybrid (default) | sira (default) |", "|---|---:|---:|---:|---:|"]
+    for setting, label in (("off", "off (one vector per document, its first window)"),
+                           ("on", "on (MaxP over passages)")):
+        r = rows[setting]
+        lines.append(f"| {label} | {r['bm25']:.4f} | {r['dense']:.4f} | {r['hybrid']:.4f} | {r['sira']:.4f} |")
+    lines += ["", f"Dense with passages / without: {on['dense'] / max(off['dense'], 1e-9):.2f}x (target >= 2x). "
+              f"Default hybrid {'>=' if on['hybrid'] >= on['bm25'] else '<'} BM25 alone "
+              f"({on['hybrid']:.4f} vs {on['bm25']:.4f}); default sira "
+              f"{'>=' if on['sira'] >= on['bm25'] else '<'} BM25 alone ({on['sira']:.4f} vs {on['bm25']:.4f}).", "",
+              "| build | vectors | dense stage s | whole build s | peak RSS of the build process |",
+              "|---|---:|---:|---:|---:|"]
+    for setting in ("off", "on"):
+        b = builds[setting]
+        dense_s = b["manifest"]["build"]["stages"].get("dense", 0)
+        lines.append(f"| --passages {setting} | {b['manifest']['dense']['ntotal']:,} | {dense_s:.0f} "
+                     f"| {b['seconds']:.0f} | {b['peak_mib']:,.0f} MiB |")
+    lines += ["", "Build times include embedding on this machine's CPU, through the embedding cache (a rerun "
+              "embeds nothing); peak RSS is the build process's own (its engine: "
+              f"{builds['on']['manifest']['build'].get('engine', {}).get('name', '?')}).", "",
+              f"`.venv/bin/python bench/bench_longdocs.py --per-doc {lo},{hi} --seed {a.seed}`"]
+    report("longdocs", "Long documents: passages (SciFact abstracts packed into long documents)",
+           "\n".join(lines), a.write)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,521 @@
+"""BM25 per workload: natural-language and generated queries over Zipf and topical corpora, funnel vs bm25s vs PISA.
+
+    .venv/bin/python bench/bench_workloads.py --size 1m [--corpora zipf,topical] [--queries 300] [--rounds 5] [--write]
+
+``bench/bench_scale.py`` times one workload (``bench/synth.py``'s own short queries, which
+lean to rare terms); this script times several, each reported on its own row, because a
+speed figure holds only for the queries it was measured on. Per corpus:
+
+- ``zipf``: ``bench/synth.py``'s corpus (Zipf-Mandelbrot pseudo-words, every word spread
+  evenly: the worst case for pruning). Real queries are mapped onto it by frequency rank:
+  a real term of document-frequency rank r in SciFact + NFCorpus becomes the pseudo-word of
+  rank r, so a question's common words stay common.
+- ``topical``: ``bench/synth_topical.py``'s corpus (documents drawn from topic mixtures
+  fitted to SciFact + NFCorpus, in their real terms): real queries are used as they are,
+  reduced to the corpus vocabulary's form (``synth_topical.analyze_query``) so that every
+  system sees the same terms.
+
+Workloads: ``scifact`` (SciFact's claims) and ``nfcorpus`` (NFCorpus's queries), read from
+the BEIR folder at run time; ``long`` (12-24 distinct terms) and ``short`` (2-4) questions
+generated from random documents of the corpus, their terms drawn as the document's tokens
+fall (common words come in as often as they do in text, as in a question); on ``zipf``
+also ``synth-short``, synth.py's own queries. The first ``--queries`` of each set.
+
+Indexes are built once per corpus and size under ``.funnel/workloads/CORPUS-SIZE/`` (funnel
+with its CLI, default engine and shard choice; bm25s numba and PISA as in
+``bench/bench_scale.py``) and reused while the corpus's meta.json is unchanged. Timing: one
+child process holds all three systems, warm; ``--rounds`` rounds, each running every
+workload at k=10 and k=100 on every system in a shuffled order (one thread each: funnel
+``Searcher.search_batch``; bm25s ``retrieve(n_threads=0, backend numba)`` on pre-tokenized
+queries; PISA's compiled block-max WAND retrieval, ``threads=1``); q/s from the best round
+and the median, by wall and by process CPU time. Then one query per call (funnel
+``search_batch`` of one query, bm25s tokenize + retrieve, PISA one string) for p50/p99.
+Serving RSS: each system alone in a fresh process after answering every workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_scale  # noqa: E402
+import synth  # noqa: E402
+import synth_topical  # noqa: E402
+from results import DEFAULT_DATA, report  # noqa: E402
+
+KS = (10, 100)
+SYSTEMS = ("funnel", "bm25s", "pisa")
+CORPORA = ("zipf", "topical")
+REAL = ("scifact", "nfcorpus")
+
+
+# -- corpora, indexes, query sets ---------------------------------------------------------------
+
+def corpus_dir(corpus: str, n: int, a) -> str:
+    lab = bench_scale.label(n)
+    if corpus == "zipf":
+        out = os.path.join(a.synth, lab)
+        synth.ensure(n, out, a.seed)
+    else:
+        out = os.path.join(a.synth + "-topical", lab)
+        synth_topical.ensure(n, out, a.seed, a.data)
+    return out
+
+
+def _stamp(corpus: str) -> dict:
+    with open(os.path.join(corpus, "meta.json")) as f:
+        m = json.load(f)
+    return {k: m.get(k) for k in ("generator", "version", "n_docs", "seed", "params")}
+
+
+def ensure_index(system: str, corpus: str, work: str, a) -> dict:
+    """Build ``system``'s index of ``corpus`` under ``work/system`` unless a build of this
+    corpus is recorded there (``work/system.build.json``); returns that record."""
+    record = os.path.join(work, f"{system}.build.json")
+    out = os.path.join(work, system)
+    try:
+        with open(record) as f:
+            got = json.load(f)
+        if got.get("corpus") == _stamp(corpus) and os.path.exists(out):
+            return got
+    except (OSError, ValueError):
+        pass
+    print(f"  building {system} index of {corpus} ...", file=sys.stderr)
+    min_avail = int(a.min_avail_gib * bench_scale.GIB)
+    if system == "funnel":
+        m = bench_scale.funnel_build(corpus, out, a.engine, a.shards, work, min_avail)
+    else:
+        m = bench_scale.run_child(f"{system}-build", {"corpus": corpus, "out": out, "threads": os.cpu_count()},
+                                  work, min_avail)
+    if "failed" in m:
+        raise SystemExit(f"{system} build of {corpus} failed: {m['failed']}")
+    got = {"corpus": _stamp(corpus), "path": out,
+           **{k: m.get(k) for k in ("wall_s", "cpu_s", "load_avg", "peak_tree_rss", "index_bytes", "stages")}}
+    with open(record, "w") as f:
+        json.dump(got, f, indent=1)
+    return got
+
+
+def _real_queries(name: str, data: str) -> list[tuple[str, str]]:
+    with open(os.path.join(data, name, "queries.jsonl")) as f:
+        return [(q["_id"], q["text"]) for q in map(json.loads, f)]
+
+
+def _sample_docs(corpus: str, n: int, seed: int) -> list[list[str]]:
+    """Word lists of ``n`` documents at random byte offsets of corpus.jsonl (the line after each)."""
+    path = os.path.join(corpus, "corpus.jsonl")
+    size = os.path.getsize(path)
+    rng = random.Random(seed)
+    out = []
+    with open(path, "rb") as f:
+        while len(out) < n:
+            f.seek(rng.randrange(size))
+            f.readline()
+            line = f.readline()
+            if line:
+                d = json.loads(line)
+                out.append((d["title"] + " " + d["text"]).split())
+    return out
+
+
+def _generated(corpus: str, n: int, lo: int, hi: int, seed: int) -> list[str]:
+    """``n`` questions of lo..hi distinct words, each drawn from one random document as its tokens fall."""
+    rng = random.Random(seed)
+    qs = []
+    for words in _sample_docs(corpus, n, seed):
+        want = rng.randint(lo, hi)
+        order = rng.sample(range(len(words)), len(words))
+        qs.append(" ".join(list(dict.fromkeys(words[i] for i in order))[:want]))
+    return qs
+
+
+def query_sets(corpus_kind: str, corpus: str, n: int, a) -> dict[str, dict[str, str]]:
+    """{workload: {qid: text}} for one corpus (see the module docstring)."""
+    from funnel.pipelines.analysis import Analyzer
+    an, keep = Analyzer(), synth_topical._vocab_filter()
+    sets: dict[str, dict[str, str]] = {}
+    if corpus_kind == "zipf":
+        docs, _ = synth_topical.read_sources(a.data)
+        df: dict[str, int] = {}
+        for d in docs:
+            for t in set(d):
+                df[t] = df.get(t, 0) + 1
+        rank = {t: r for r, t in enumerate(sorted(df, key=lambda t: (-df[t], t)))}
+        with open(os.path.join(corpus, "meta.json")) as f:
+            meta = json.load(f)
+        import numpy as np
+        words = synth.Model(meta["seed"], meta["params"]).words  # rank order
+        to_zipf = {t: words[r] for t, r in rank.items() if r < len(words)}
+        for name in REAL:
+            qs = {}
+            for qid, text in _real_queries(name, a.data):
+                terms = [to_zipf[t] for t in synth_topical.analyze_query(text, an, keep) if t in to_zipf]
+                if terms:
+                    qs[qid] = " ".join(terms)
+                if len(qs) == n:
+                    break
+            sets[name] = qs
+        sets["synth-short"] = bench_scale._queries(corpus, n)
+        del np
+    else:
+        for name in REAL:
+            qs = {}
+            for qid, text in _real_queries(name, a.data):
+                terms = synth_topical.analyze_query(text, an, keep)
+                if terms:
+                    qs[qid] = " ".join(terms)
+                if len(qs) == n:
+                    break
+            sets[name] = qs
+    sets["long"] = {f"L{i}": q for i, q in enumerate(_generated(corpus, n, 12, 24, a.seed + 1))}
+    sets["short"] = {f"S{i}": q for i, q in enumerate(_generated(corpus, n, 2, 4, a.seed + 2))}
+    return sets
+
+
+# -- the children ------------------------------------------------------------------------------
+
+class Funnel:
+    def __init__(self, path: str):
+        from funnel.serving.search import open_index
+        self.ix = open_index(path)
+
+    def prepare(self, qs: dict):
+        return qs
+
+    def batch(self, prepared, k: int):
+        return self.ix.search_batch(prepared, k=k)
+
+    def one(self, qid: str, q: str, k: int):
+        return self.ix.search_batch({qid: q}, k=k)
+
+    def top_ids(self, qs: dict, k: int) -> list[list[str]]:
+        got = self.ix.search_batch(qs, k=k)
+        return [[d for d, _ in got.get(qid, [])] for qid in qs]
+
+    def shape(self, qs: dict) -> tuple[float, float]:
+        """(mean distinct known terms, mean postings) per query."""
+        import numpy as np
+        b = self.ix.bm25
+        qptr, gids = b.query_gids(list(qs.values()))
+        terms = post = 0
+        for i in range(len(qptr) - 1):
+            g = np.unique(gids[qptr[i]:qptr[i + 1]])
+            terms += len(g)
+            post += int(np.asarray(b.index.df)[g].sum())
+        return terms / max(1, len(qs)), post / max(1, len(qs))
+
+
+class BM25S:
+    def __init__(self, path: str):
+        import bm25s
+        import Stemmer
+        self.bm25s = bm25s
+        self.stem = Stemmer.Stemmer("porter")
+        self.model = bm25s.BM25.load(path, show_progress=False)
+
+    def _tok(self, texts):
+        return self.bm25s.tokenize(texts, stopwords="en", stemmer=self.stem, show_progress=False)
+
+    def prepare(self, qs: dict):
+        return self._tok(list(qs.values()))
+
+    def batch(self, prepared, k: int):
+        return self.model.retrieve(prepared, k=k, n_threads=0, backend_selection="numba", show_progress=False)
+
+    def one(self, qid: str, q: str, k: int):
+        return self.model.retrieve(self._tok([q]), k=k, n_threads=0, backend_selection="numba", show_progress=False)
+
+    def top_ids(self, qs: dict, k: int) -> list[list[str]]:
+        docs, _ = self.batch(self.prepare(qs), k)
+        return [[f"doc{int(d)}" for d in row] for row in docs]
+
+
+class Pisa:
+    def __init__(self, path: str):
+        import pyterrier_pisa as pp
+        ix = pp.PisaIndex(path, stemmer="none", stops="none", threads=1)
+        self.retr = {k: ix.bm25(k1=0.9, b=0.4, num_results=k, threads=1) for k in KS}
+
+    def prepare(self, qs: dict):
+        return list(enumerate(qs.values()))
+
+    def batch(self, items, k: int):
+        import numpy as np
+        from pyterrier_pisa import _pisathon
+        r = self.retr[k]
+        n = len(items) * k
+        qidx, ranks = np.empty(n, np.int32), np.empty(n, np.int32)
+        docnos, scores = np.empty(n, dtype=object), np.empty(n, np.float32)
+        size = _pisathon.retrieve(r._ctxt, r.query_algorithm.value, items, k=k, threads=1,
+                                  query_weighted=1 if r.query_weighted else 0, pretokenised=False,
+                                  result_qidxs=qidx, result_docnos=docnos, result_ranks=ranks, result_scores=scores)
+        return qidx[:size], docnos[:size], scores[:size]
+
+    def one(self, qid: str, q: str, k: int):
+        return self.batch([(0, q)], k)
+
+    def top_ids(self, qs: dict, k: int) -> list[list[str]]:
+        qidx, docnos, scores = self.batch(self.prepare(qs), k)
+        out: list[list[tuple[float, str]]] = [[] for _ in qs]
+        for q, d, s in zip(qidx, docnos, scores):
+            out[int(q)].append((-float(s), str(d)))
+        return [[d for _, d in sorted(row)] for row in out]
+
+
+OPENERS = {"funnel": Funnel, "bm25s": BM25S, "pisa": Pisa}
+
+
+def _pct(xs: list[float]) -> dict:
+    import numpy as np
+    a = np.asarray(xs) * 1000
+    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+
+
+def child_throughput(args: dict) -> None:
+    """Every workload on every system: ``rounds`` shuffled rounds of batch passes, then one query per call."""
+    import numpy as np
+    sets = args["sets"]
+    systems = {name: OPENERS[name](path) for name, path in args["indexes"].items()}
+    prepared = {(s, w): systems[s].prepare(qs) for s in systems for w, qs in sets.items()}
+    out: dict = {"load_start": os.getloadavg()[0], "shape": {}, "overlap": {}}
+    if "funnel" in systems:
+        out["shape"] = {w: systems["funnel"].shape(qs) for w, qs in sets.items()}
+        ref = {w: systems["funnel"].top_ids(qs, 10) for w, qs in sets.items()}
+        for s in systems:
+            if s != "funnel":
+                out["overlap"][s] = {w: float(np.mean([len(set(a) & set(b)) / max(1, len(a))
+                                                       for a, b in zip(ref[w], systems[s].top_ids(qs, 10))]))
+                                     for w, qs in sets.items()}
+    for (s, w), p in prepared.items():  # warm: compilation, caches, page cache
+        for k in KS:
+            systems[s].batch(p, k)
+    rng = random.Random(args["seed"])
+    wall: dict = {}
+    cpu: dict = {}
+    for _ in range(args["rounds"]):
+        for w in sets:
+            order = list(systems)
+            rng.shuffle(order)
+            for s in order:
+                for k in KS:
+                    t, c = time.perf_counter(), time.process_time()
+                    systems[s].batch(prepared[(s, w)], k)
+                    cpu.setdefault(f"{s}|{w}|{k}", []).append(time.process_time() - c)
+                    wall.setdefault(f"{s}|{w}|{k}", []).append(time.perf_counter() - t)
+    out["wall"], out["cpu"] = wall, cpu
+    lat: dict = {}
+    for w, qs in sets.items():
+        items = list(qs.items())[:args["latency_queries"]]
+        for s, sysobj in systems.items():
+            for k in KS:
+                times, cpus = [], []
+                for qid, q in items:
+                    t, c = time.perf_counter(), time.thread_time()
+                    sysobj.one(qid, q, k)
+                    cpus.append(time.thread_time() - c)
+                    times.append(time.perf_counter() - t)
+                lat[f"{s}|{w}|{k}"] = {**_pct(times), **{"cpu_" + x: v for x, v in _pct(cpus).items()}}
+    out["latency"] = lat
+    out["load_end"] = os.getloadavg()[0]
+    if "funnel" in systems:
+        out["funnel_prune_stats"] = [int(x) for x in systems["funnel"].ix.bm25.prune_stats]
+        out["funnel_shards"] = systems["funnel"].ix.index.n_shards
+    bench_scale._done(args, out)
+
+
+def child_rss(args: dict) -> None:
+    """One system alone: open, answer every workload at k=10 and k=100, then its RSS."""
+    s = OPENERS[args["system"]](args["index"])
+    for qs in args["sets"].values():
+        p = s.prepare(qs)
+        for k in KS:
+            s.batch(p, k)
+    bench_scale._done(args, {"status": bench_scale._proc_status()})
+
+
+CHILDREN = {"throughput": child_throughput, "rss": child_rss}
+
+
+def run_child(kind: str, args: dict, work: str, min_avail: int) -> dict:
+    result = os.path.join(work, f"{kind}.result.json")
+    if os.path.exists(result):
+        os.remove(result)
+    path = os.path.join(work, f"{kind}.args.json")  # the query sets are too large for argv
+    with open(path, "w") as f:
+        json.dump({**args, "result": result}, f)
+    m = bench_scale.measure([sys.executable, os.path.abspath(__file__), "--child", kind, path],
+                            os.path.join(work, f"{kind}.log"), min_avail)
+    if m["returncode"] != 0 or not os.path.exists(result):
+        why = bench_scale._failure(m)
+        print(f"  {kind} failed ({why}); log {m['log']}:\n{bench_scale._tail(m['log'], 2000)}", file=sys.stderr)
+        return {**m, "failed": why}
+    with open(result) as f:
+        return {**m, **json.load(f)}
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+def _qps(xs: list[float], n: int, how: str) -> float:
+    import numpy as np
+    return n / (min(xs) if how == "best" else float(np.median(xs)))
+
+
+def render(res: dict, command: str) -> str:
+    import numpy as np
+    L = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, shared with other jobs (1-minute load average "
+         "over the timing children: " + ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → "
+                                                  f"{r['tp'].get('load_end', 0):.1f}" for c, r in res["corpora"].items())
+         + "). Command: `" + command + "`. All figures below come from this one run.", ""]
+    rows = []
+    for c, r in res["corpora"].items():
+        tp = r["tp"]
+        for w, qs_n in r["n_queries"].items():
+            def q(s, k, how="best", key="wall"):
+                xs = tp[key].get(f"{s}|{w}|{k}")
+                return _qps(xs, qs_n, how) if xs else float("nan")
+            ratios = [q("funnel", k) / q(o, k) for o in ("bm25s", "pisa") for k in KS if f"{o}|{w}|{k}" in tp["wall"]]
+            rows.append((min(ratios) if ratios else float("nan"), c, w, qs_n, q))
+    rows.sort(key=lambda x: x[0])
+    L += ["Throughput, one thread, batch, warm: q/s of the best of the rounds (median of the rounds in "
+          "brackets). Ratios are funnel ÷ baseline of the best rounds; CPU ratio = the same from each "
+          "round's process CPU time, which waiting for a core on the shared machine does not inflate. Rows "
+          "from the weakest workload for funnel (its smallest ratio) to the strongest.", "",
+          "| corpus | workload | queries | terms / query | postings / query | k | funnel q/s | bm25s-numba q/s "
+          "| PISA q/s | funnel ÷ bm25s | funnel ÷ PISA | CPU ratio ÷ bm25s / ÷ PISA |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for _, c, w, n, q in rows:
+        shape = res["corpora"][c]["tp"]["shape"].get(w, (float("nan"), float("nan")))
+        for k in KS:
+            cells = []
+            for s in SYSTEMS:
+                cells.append(f"{q(s, k):,.0f} ({q(s, k, 'median'):,.0f})")
+            cr = " / ".join(f"{q('funnel', k, key='cpu') / q(o, k, key='cpu'):.2f}" for o in ("bm25s", "pisa"))
+            L.append(f"| {c} | {w} | {n:,} | {shape[0]:.1f} | {shape[1]:,.0f} | {k} | " + " | ".join(cells)
+                     + f" | **{q('funnel', k) / q('bm25s', k):.2f}** | **{q('funnel', k) / q('pisa', k):.2f}** | {cr} |")
+    L += ["", "Latency, one query per call after the rounds (first "
+          f"{res['latency_queries']} queries of each workload): p50 / p99 ms, wall (thread CPU).", "",
+          "| corpus | workload | k | funnel | bm25s-numba (+tokenize) | PISA |", "|---|---|---:|---|---|---|"]
+    for _, c, w, n, q in rows:
+        lat = res["corpora"][c]["tp"]["latency"]
+        for k in KS:
+            cells = []
+            for s in SYSTEMS:
+                v = lat.get(f"{s}|{w}|{k}")
+                cells.append(f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f} ({v['cpu_p50_ms']:.2f} / {v['cpu_p99_ms']:.2f})"
+                             if v else "–")
+            L.append(f"| {c} | {w} | {k} | " + " | ".join(cells) + " |")
+    L += ["", "Serving RSS: each system alone in a fresh process after answering every workload at k=10 and "
+          "k=100 (anon = private memory, file = mapped index pages).", "",
+          "| corpus | system | RSS MiB (anon + file) | peak RSS MiB |", "|---|---|---|---:|"]
+    for c, r in res["corpora"].items():
+        for s, v in r["rss"].items():
+            st = v.get("status")
+            if not st:
+                L.append(f"| {c} | {s} | failed: {v.get('failed')} | |")
+                continue
+            mib = lambda x: f"{(x or 0) / bench_scale.MIB:,.0f}"  # noqa: E731
+            L.append(f"| {c} | {s} | {mib(st['VmRSS'])} ({mib(st.get('RssAnon'))} + {mib(st.get('RssFile'))}) "
+                     f"| {mib(st['VmHWM'])} |")
+    L += ["", "Agreement: mean share of funnel's top 10 that each baseline also returns (the same BM25 on the "
+          "same terms; bm25s scores in float32, PISA with its own length quantisation, so ties and near-ties "
+          "can differ).", "", "| corpus | workload | bm25s | PISA |", "|---|---|---:|---:|"]
+    for _, c, w, n, q in rows:
+        ov = res["corpora"][c]["tp"]["overlap"]
+        L.append(f"| {c} | {w} | " + " | ".join(f"{ov[s][w]:.3f}" if s in ov else "–" for s in ("bm25s", "pisa"))
+                 + " |")
+    L += ["", "Builds (reused while the corpus is unchanged; wall / CPU s, load average, index MiB):", ""]
+    for c, r in res["corpora"].items():
+        L.append(f"- {c} {r['n_docs']:,} docs: " + "; ".join(
+            f"{s} {b['wall_s']:.0f} / {b['cpu_s']:.0f} s, load {b['load_avg']:.1f}, {b['index_bytes'] / bench_scale.MIB:,.0f} MiB"
+            for s, b in r["builds"].items()) + f"; funnel shards {r['tp'].get('funnel_shards')}.")
+    L += ["", "bm25s " + bench_scale._pkg_version("bm25s") + ", numba " + bench_scale._pkg_version("numba")
+          + ", pyterrier-pisa " + bench_scale._pkg_version("pyterrier-pisa") + "."]
+    del np
+    return "\n".join(L)
+
+
+TITLE = "BM25 per workload: natural-language and generated queries, Zipf and topical corpora (bench/bench_workloads.py)"
+
+
+def main(argv=None):
+    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
+        with open(sys.argv[3]) as f:
+            CHILDREN[sys.argv[2]](json.load(f))
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--size", type=synth.parse_count, default=synth.parse_count("100k"),
+                   help="documents per corpus (default 100k)")
+    p.add_argument("--corpora", default=",".join(CORPORA), help="comma-separated (default %(default)s)")
+    p.add_argument("--queries", type=int, default=300, help="queries per workload (default %(default)s)")
+    p.add_argument("--latency-queries", type=int, default=200,
+                   help="queries per workload timed one per call (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=DEFAULT_DATA, help="BEIR folder with scifact/ and nfcorpus/ (default %(default)s)")
+    p.add_argument("--engine", default="auto", choices=["auto", "local", "ray"], help="funnel build --engine")
+    p.add_argument("--shards", type=int, default=None, help="funnel build --shards (default: its auto choice)")
+    p.add_argument("--min-avail-gib", type=float, default=3.0)
+    p.add_argument("--synth", default=os.path.join(".funnel", "synth"), help="corpus cache (default %(default)s; "
+                   "the topical corpora go under %(default)s-topical)")
+    p.add_argument("--work", default=os.path.join(".funnel", "workloads"), help="indexes and results "
+                   "(default %(default)s)")
+    p.add_argument("--build-only", action="store_true", help="make the corpora and indexes, time nothing")
+    p.add_argument("--from-results", metavar="JSON", help="run nothing: render a saved results.json")
+    p.add_argument("--write", action="store_true", help="record the 'workloads' section of bench/RESULTS.md")
+    a = p.parse_args(argv)
+    if a.from_results:
+        with open(a.from_results) as f:
+            saved = json.load(f)
+        report("workloads", TITLE, render(saved, saved["command"]), a.write)
+        return
+    command = ".venv/bin/python bench/bench_workloads.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    min_avail = int(a.min_avail_gib * bench_scale.GIB)
+    res = {"command": command, "latency_queries": a.latency_queries, "corpora": {}}
+    for c in [x for x in a.corpora.split(",") if x]:
+        if c not in CORPORA:
+            p.error(f"--corpora {c}: choose from {', '.join(CORPORA)}")
+        corpus = corpus_dir(c, a.size, a)
+        work = os.path.join(a.work, f"{c}-{bench_scale.label(a.size)}")
+        os.makedirs(work, exist_ok=True)
+        builds = {s: ensure_index(s, corpus, work, a) for s in SYSTEMS}
+        if a.build_only:
+            continue
+        qpath = os.path.join(work, f"queries-{a.queries}.json")
+        if os.path.exists(qpath):
+            with open(qpath) as f:
+                sets = json.load(f)
+        else:
+            sets = query_sets(c, corpus, a.queries, a)
+            with open(qpath, "w") as f:
+                json.dump(sets, f)
+        indexes = {s: b["path"] for s, b in builds.items()}
+        print(f"  timing {c} ({', '.join(f'{w}: {len(q)}' for w, q in sets.items())}) ...", file=sys.stderr)
+        tp = run_child("throughput", {"sets": sets, "indexes": indexes, "rounds": a.rounds, "seed": a.seed,
+                                      "latency_queries": a.latency_queries}, work, min_avail)
+        if "failed" in tp:
+            raise SystemExit(f"timing failed on {c}: {tp['failed']}")
+        rss = {s: run_child("rss", {"sets": sets, "system": s, "index": indexes[s]}, work, min_avail)
+               for s in SYSTEMS}
+        res["corpora"][c] = {"n_docs": a.size, "builds": builds, "tp": tp, "rss": rss,
+                             "n_queries": {w: len(q) for w, q in sets.items()}}
+        with open(os.path.join(a.work, f"results-{bench_scale.label(a.size)}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    if not a.build_only:
+        report("workloads", TITLE, render(res, command), a.write)
+
+
+if __name__ == "__main__":
+    main()

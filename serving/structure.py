@@ -1,0 +1,205 @@
+"""Structural invariants of an index version's arrays, checked when it is opened.
+
+The compiled BM25 kernels (``serving.kernels``) read the memory-mapped postings through
+raw pointers, with no bounds checks: a document id past the shard, an ``indptr`` running
+past ``docs``, or a negative tf would make them read outside their arrays (a SIGSEGV, or
+a silently wrong score). A checksum only catches damage where the file was hashed: under
+``verify="cached"`` a flip that leaves a file's stat unchanged is not re-hashed at open.
+So every open checks what the kernels rely on, whatever the checksums said, and refuses
+the version with an :class:`IndexFormatError` naming the file and the broken invariant.
+
+Each check is a vectorized NumPy pass over an array the kernels read anyway (a max read
+as unsigned covers both bounds of a range; the order check compares ``_CHUNK`` postings
+at a time), so they cost about two reads of ``docs.npy`` and one of ``tfs.npy`` and no
+allocation proportional to the postings; ``bench/bench_scrub.py`` measures them.
+
+What is checked, per shard (``pipelines.postings`` describes the files):
+
+- ``indptr``: one more entry than ``term_gid``, starting at 0, ending at ``len(docs)``,
+  never decreasing;
+- ``docs``/``tfs``: the same length; every document id within [0, shard documents);
+  every tf at least 1; document ids ascending within each term (the kernels gallop
+  and bisect over them);
+- ``doclen``: one entry per document of the shard's ``docs/shard-NNNN.parquet``, none
+  negative;
+- ``term_gid``: strictly increasing global term ids within the vocabulary;
+- ``term_max_tf`` / ``term_min_dl`` (where present): one per term, within the tf and
+  length ranges the length tables are sized for;
+- stored block maxima (where present): ``block_start`` one more than the terms, starting
+  at 0, each term holding exactly ceil(postings / block) blocks, ending at the length of
+  ``block_max`` and ``block_last``; ``term_max`` one per term, ``term_kth`` one per term
+  and kept rank;
+
+and for the version: the shards' documents add up to the manifest's ``n_docs``, the
+``docs/ids.arrow`` ranks lie within [0, n_docs), and its doc_id strings are well formed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from funnel.pipelines.artifacts import IndexFormatError
+
+#: Postings per step of the ascending-ids check: its temporary booleans stay in cache
+#: (100K synthetic documents, 12M postings: 3 ms a shard in steps of 1M, 7 ms in one step).
+_CHUNK = 1 << 20
+_HINT = ("the index version is damaged; run `funnel verify INDEX_ROOT` to find every damaged file, "
+         "and rebuild the index (funnel build ...)")
+
+
+def _fail(version_dir: str, rel: str, what: str) -> IndexFormatError:
+    return IndexFormatError(f"{os.path.join(version_dir, rel)}: {what}; {_HINT}")
+
+
+def _vector(version_dir: str, rel: str, a, kinds: str = "iu") -> np.ndarray:
+    """``a`` as a plain 1-D ndarray of an integer (or ``kinds``) dtype, or an error naming ``rel``."""
+    a = np.asarray(a)
+    if a.ndim != 1 or a.dtype.kind not in kinds:
+        raise _fail(version_dir, rel, f"holds a {a.ndim}-D array of {a.dtype}, expected a 1-D array of "
+                                      f"{'integers' if kinds == 'iu' else 'numbers'}")
+    return a
+
+
+def _in_range(version_dir: str, rel: str, a: np.ndarray, lo: int, hi: int | None, what: str) -> None:
+    """Every value of ``a`` in [lo, hi) (``hi`` None: no upper bound); one pass over ``a``."""
+    if len(a) == 0:
+        return
+    if lo == 0 and hi is not None and a.dtype.kind in "iu":  # as unsigned, a negative value is huge
+        if int(a.view(a.dtype.str.replace("i", "u")).max()) < hi:
+            return
+    elif int(a.min()) >= lo and (hi is None or int(a.max()) < hi):
+        return
+    mn, mx = int(a.min()), int(a.max())
+    bad = mn if mn < lo else mx
+    where = int(np.flatnonzero(a == bad)[0])
+    bound = f"[{lo}, {hi})" if hi is not None else f"at least {lo}"
+    raise _fail(version_dir, rel, f"holds {what} {bad} at position {where}, outside {bound}")
+
+
+def _offsets(version_dir: str, rel: str, ptr: np.ndarray, n_items: int, end: int, what: str) -> None:
+    """``ptr`` is a CSR offsets array over ``n_items`` items into an array of ``end`` entries."""
+    if len(ptr) != n_items + 1:
+        raise _fail(version_dir, rel, f"has {len(ptr)} entries, expected {n_items + 1} (one more than the {what})")
+    if ptr[0] != 0 or ptr[-1] != end:
+        raise _fail(version_dir, rel, f"runs from {int(ptr[0])} to {int(ptr[-1])}, expected 0 to {end}")
+    if n_items and int(np.diff(ptr).min()) < 0:
+        i = int(np.flatnonzero(np.diff(ptr) < 0)[0])
+        raise _fail(version_dir, rel, f"decreases at entry {i + 1} ({int(ptr[i])} then {int(ptr[i + 1])})")
+
+
+def _ascending_within(version_dir: str, rel: str, docs: np.ndarray, indptr: np.ndarray) -> None:
+    """Document ids strictly ascending inside each term's postings (``indptr`` already checked).
+
+    ``drop[i]``: ``docs[i + 1] <= docs[i]``, cleared where ``i + 1`` starts a term; a chunk
+    of ``_CHUNK`` postings at a time (one boolean each)."""
+    starts = np.asarray(indptr[1:-1])  # where a term's postings begin: a drop is fine there
+    starts = starts[(starts > 0) & (starts < len(docs))] - 1
+    for lo in range(0, len(docs) - 1, _CHUNK):
+        hi = min(lo + _CHUNK, len(docs) - 1)
+        drop = docs[lo + 1:hi + 1] <= docs[lo:hi]
+        a, b = np.searchsorted(starts, (lo, hi))
+        drop[starts[a:b] - lo] = False
+        if drop.any():
+            j = lo + 1 + int(np.argmax(drop))
+            t = int(np.searchsorted(indptr, j, side="right")) - 1
+            raise _fail(version_dir, rel, f"lists document {int(docs[j])} after {int(docs[j - 1])} in term "
+                                          f"{t}'s postings (position {j}): ids must ascend within a term")
+
+
+def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray], n_docs: int, n_terms: int,
+                blocks: tuple[dict, tuple[np.ndarray, ...]] | None = None) -> None:
+    """Refuse a shard whose arrays break an invariant the kernels rely on (module docstring).
+
+    Parameters
+    ----------
+    version_dir, shard_rel
+        The version folder and the shard's folder inside it (``lexical/shard-NNNN``), for
+        the messages.
+    arrays
+        ``pipelines.postings.load_shard``'s arrays.
+    n_docs
+        The shard's documents by its ``docs/shard-NNNN.parquet``.
+    n_terms
+        Terms in the version's vocabulary.
+    blocks
+        ``load_block_maxima``'s (key, arrays), or None.
+
+    Raises
+    ------
+    IndexFormatError
+        Naming the file and what is wrong with it.
+    """
+    def rel(name: str) -> str:
+        return f"{shard_rel}/{name}.npy"
+
+    a = {name: _vector(version_dir, rel(name), arr) for name, arr in arrays.items()}
+    indptr, docs, tfs, doclen, gid = a["indptr"], a["docs"], a["tfs"], a["doclen"], a["term_gid"]
+    n_local = len(gid)
+    if len(doclen) != n_docs:
+        raise _fail(version_dir, rel("doclen"), f"has {len(doclen)} document lengths, but the shard's "
+                                                f"documents file holds {n_docs} documents")
+    _in_range(version_dir, rel("doclen"), doclen, 0, None, "a document length")
+    _offsets(version_dir, rel("indptr"), indptr, n_local, len(docs), "shard's terms (term_gid.npy)")
+    if len(tfs) != len(docs):
+        raise _fail(version_dir, rel("tfs"), f"has {len(tfs)} entries, docs.npy has {len(docs)}: one tf per posting")
+    _in_range(version_dir, rel("docs"), docs, 0, n_docs, "document id")
+    _ascending_within(version_dir, rel("docs"), docs, indptr)
+    _in_range(version_dir, rel("tfs"), tfs, 1, None, "term frequency")
+    _in_range(version_dir, rel("term_gid"), gid, 0, n_terms, "global term id")
+    if n_local > 1 and int(np.diff(gid.astype(np.int64)).min()) <= 0:
+        i = int(np.flatnonzero(np.diff(gid.astype(np.int64)) <= 0)[0])
+        raise _fail(version_dir, rel("term_gid"), f"does not increase at entry {i + 1} "
+                                                  f"({int(gid[i])} then {int(gid[i + 1])})")
+    max_dl = int(doclen.max(initial=0))
+    for name, lo, hi in (("term_max_tf", 0, None), ("term_min_dl", 0, max_dl + 1)):
+        if name in a:
+            if len(a[name]) != n_local:
+                raise _fail(version_dir, rel(name), f"has {len(a[name])} entries, expected one per term ({n_local})")
+            _in_range(version_dir, rel(name), a[name], lo, hi, "a bound")
+    if blocks is not None:
+        _check_blocks(version_dir, shard_rel, blocks, indptr)
+
+
+def _check_blocks(version_dir: str, shard_rel: str, blocks: tuple[dict, tuple[np.ndarray, ...]],
+                  indptr: np.ndarray) -> None:
+    from funnel.pipelines.postings import BLOCK_FILES, BLOCK_KEY_FILE
+    key, arrays = blocks
+    rels = [f"{shard_rel}/{n}" for n in BLOCK_FILES]
+    size = key.get("block") if isinstance(key, dict) else None
+    kth = key.get("kth") if isinstance(key, dict) else None
+    if not isinstance(size, int) or size < 1 or not isinstance(kth, list):
+        raise _fail(version_dir, f"{shard_rel}/{BLOCK_KEY_FILE}", "does not name a block size and kept ranks")
+    bstart, bmax, tmax, tkth, blast = (_vector(version_dir, r, x, "iu" if i in (0, 4) else "iuf")
+                                       for i, (r, x) in enumerate(zip(rels, arrays)))
+    n_local = len(indptr) - 1
+    _offsets(version_dir, rels[0], bstart, n_local, len(bmax), "shard's terms")
+    want = (np.diff(indptr) + size - 1) // size
+    got = np.diff(bstart)
+    if not np.array_equal(got, want):
+        t = int(np.flatnonzero(got != want)[0])
+        raise _fail(version_dir, rels[0], f"gives term {t} {int(got[t])} blocks for {int(indptr[t + 1] - indptr[t])} "
+                                          f"postings, expected {int(want[t])} of {size}")
+    if len(blast) != len(bmax):
+        raise _fail(version_dir, rels[4], f"has {len(blast)} entries, block_max.npy has {len(bmax)}: one per block")
+    if len(tmax) != n_local:
+        raise _fail(version_dir, rels[2], f"has {len(tmax)} entries, expected one per term ({n_local})")
+    if len(tkth) != n_local * len(kth):
+        raise _fail(version_dir, rels[3], f"has {len(tkth)} entries, expected {n_local * len(kth)} "
+                                          f"({len(kth)} per term)")
+
+
+def check_doc_ids(version_dir: str, rel: str, ids, rank: np.ndarray, n_docs: int) -> None:
+    """``docs/ids.arrow``: ranks within [0, n_docs), doc_id strings whose offsets stay inside
+    their data (``validate(full=True)``), one of each per document."""
+    import pyarrow as pa
+    rank = _vector(version_dir, rel, rank)
+    if len(rank) != n_docs:
+        raise _fail(version_dir, rel, f"has {len(rank)} ranks, expected one per document ({n_docs})")
+    _in_range(version_dir, rel, rank, 0, n_docs, "a rank")
+    if ids is not None:
+        try:
+            ids.validate(full=True)
+        except (pa.ArrowException, ValueError) as e:
+            raise _fail(version_dir, rel, f"holds malformed doc_id strings ({e})") from e
