@@ -154,7 +154,6 @@ def query_sets(corpus_kind: str, corpus: str, n: int, a) -> dict[str, dict[str, 
         rank = {t: r for r, t in enumerate(sorted(df, key=lambda t: (-df[t], t)))}
         with open(os.path.join(corpus, "meta.json")) as f:
             meta = json.load(f)
-        import numpy as np
         words = synth.Model(meta["seed"], meta["params"]).words  # rank order
         to_zipf = {t: words[r] for t, r in rank.items() if r < len(words)}
         for name in REAL:
@@ -167,7 +166,6 @@ def query_sets(corpus_kind: str, corpus: str, n: int, a) -> dict[str, dict[str, 
                     break
             sets[name] = qs
         sets["synth-short"] = bench_scale._queries(corpus, n)
-        del np
     else:
         for name in REAL:
             qs = {}
@@ -372,7 +370,6 @@ def _qps(xs: list[float], n: int, how: str) -> float:
 
 
 def render(res: dict, command: str) -> str:
-    import numpy as np
     L = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, shared with other jobs (1-minute load average "
          "over the timing children: " + ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → "
                                                   f"{r['tp'].get('load_end', 0):.1f}" for c, r in res["corpora"].items())
@@ -381,7 +378,7 @@ def render(res: dict, command: str) -> str:
     for c, r in res["corpora"].items():
         tp = r["tp"]
         for w, qs_n in r["n_queries"].items():
-            def q(s, k, how="best", key="wall"):
+            def q(s, k, how="best", key="wall", tp=tp, w=w, qs_n=qs_n):  # bound now: rows outlive the loop
                 xs = tp[key].get(f"{s}|{w}|{k}")
                 return _qps(xs, qs_n, how) if xs else float("nan")
             ratios = [q("funnel", k) / q(o, k) for o in ("bm25s", "pisa") for k in KS if f"{o}|{w}|{k}" in tp["wall"]]
@@ -441,7 +438,6 @@ def render(res: dict, command: str) -> str:
             for s, b in r["builds"].items()) + f"; funnel shards {r['tp'].get('funnel_shards')}.")
     L += ["", "bm25s " + bench_scale._pkg_version("bm25s") + ", numba " + bench_scale._pkg_version("numba")
           + ", pyterrier-pisa " + bench_scale._pkg_version("pyterrier-pisa") + "."]
-    del np
     return "\n".join(L)
 
 
