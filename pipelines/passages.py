@@ -200,13 +200,14 @@ def _best_cut(text: str, spans: np.ndarray, lo: int, hi: int, target: int, windo
 
 def _best_start(text: str, spans: np.ndarray, lo: int, hi: int, target: int) -> int:
     """Where the next passage starts, in ``[lo, hi]``: a sentence (or stronger) start nearest
-    ``target``, else ``target``."""
+    ``target``, else the word start nearest it (never inside a word where a word starts in
+    range), else ``target``."""
     best, best_key = target, None
     for c in range(lo, hi + 1):
         s = _strength(text, spans, c)
-        if s < SENTENCE:
+        if s < SPACE:
             continue
-        key = (s, -abs(c - target), c)
+        key = (s if s >= SENTENCE else SPACE, -abs(c - target), c)
         if best_key is None or key > best_key:
             best, best_key = c, key
     return best

@@ -77,6 +77,17 @@ def test_overlap_repeats_about_fifteen_percent_and_prefers_a_sentence_start():
     assert text[got[1][0]:].startswith("w50")
 
 
+def test_passages_start_and_end_at_words_where_one_is_in_reach():
+    """Tokens inside a word ('ab-cd-ef' is five) are never a passage's first or last when a
+    word boundary is near: a citation does not begin halfway through a word."""
+    text = " ".join(["ab-cd-ef"] * 60)
+    got = split(text, 40)
+    assert len(got) > 5
+    for a, b in got:
+        assert a == 0 or text[a - 1] == " "
+        assert b == len(text) or text[b - 1] == " "
+
+
 def test_a_word_too_long_for_no_break_is_cut_inside_and_nothing_is_lost():
     text = "x" * 10 + " " + "-" * 30  # 30 punctuation tokens without a space between them
     got = split(text, 8, overlap=0.0)

@@ -5,6 +5,7 @@ only the passages whose text changed. Real components: MiniLM, FAISS, local Ray,
 import json
 import os
 import types
+import uuid
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -194,10 +195,10 @@ def test_sira_feeds_back_the_best_passage_and_batches_agree(long_build):
         best = ix.dense_mode.dense().best_passage(q, n)
         text = doc["text"][best["start"]:best["end"]]
         terms = ix.index.analyzer.analyze(f"{doc['title']}\n{text}" if doc["title"] else text)
-        want = sorted({ix.index.vocab.get(t) for t in terms})
-        assert sorted(g[owner == i].tolist()) == want and dl[i] == len(terms)
+        ids = [x for t in terms if (x := ix.index.vocab.get(t)) is not None]
+        assert sorted(g[owner == i].tolist()) == sorted(set(ids)) and dl[i] == len(ids)
         if ix.dense_mode.passages().count(n) > 1:
-            assert len(want) < len(ix.forward.row(n)[0])  # a passage, not the whole document
+            assert len(set(ids)) < len(ix.forward.row(n)[0])  # a passage, not the whole document
     qs = {f"q{i}": r["text"].split("\n\n")[3 + i].split("\n")[0] for i, r in enumerate(rows[:3])}
     qs["short"] = rows[4]["title"]
     batch = ix.search_batch(qs, mode="sira", k=5)
@@ -254,9 +255,10 @@ def test_reindex_embeds_only_the_passages_whose_text_changed(ray_session, demo_c
     build(corpus, root, shards=2, engine=executor, dense=True)
     before = open_index(root).dense_mode.passages()
     n_long1 = len(before.spans_of(open_index(root).index.docs.docno_of("long1")))
-    # Edit one word in the last paragraph of long1: its last passage changes, nothing else.
+    # Add one word to the last paragraph of long1: its last passages change, nothing else. The
+    # word is new to every cache (Ray's workers may read the machine's default one).
     paras = rows[1]["text"].split("\n\n")
-    paras[-1] = paras[-1].replace(" ", " quite ", 1)
+    paras[-1] = paras[-1].replace(" ", f" edit{uuid.uuid4().hex[:8]} ", 1)
     rows[1]["text"] = "\n\n".join(paras)
     write_jsonl(tmp_path / "c2.jsonl", rows)
     rep = reindex(root, str(tmp_path / "c2.jsonl"), executor=executor)
@@ -290,4 +292,5 @@ def test_split_batch_keeps_a_long_document_in_windows():
     assert 100 < n < 400 and out["ordinal"].tolist() == list(range(n))
     tok = provider.model.tokenizer
     assert max(len(tok(passage_input("Big", t))["input_ids"]) for t in out["text"]) <= 256
-    assert len(set(out["content_hash"])) == n  # every passage its own cache key
+    # A key per distinct passage text (repeated text shares its vector)
+    assert len(set(out["content_hash"])) == len(set(out["text"].tolist())) > 100
