@@ -41,11 +41,7 @@ PACKAGES = ("pipelines", "jobs", "serving", "evaluation")
 API_PATH = os.path.join("build", "docs-api")
 
 
-def on_config(config):
-    root = _repo_root(config)
-    scripts = os.path.dirname(os.path.abspath(sys.argv[0]))
-    if os.path.exists(os.path.join(scripts, "funnel")):
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
+def _link_packages(root: str) -> None:
     ns = os.path.join(root, API_PATH, "funnel")
     os.makedirs(ns, exist_ok=True)
     for pkg in PACKAGES:
@@ -56,6 +52,20 @@ def on_config(config):
         if os.path.lexists(link):
             os.remove(link)
         os.symlink(target, link)
+
+
+# At import, not in on_config: mkdocs imports hooks while it validates the config, before any
+# plugin's on_config, and mkdocstrings resolves its ``paths`` in its own on_config, silently
+# dropping one that does not exist yet (a fresh clone has no build/).
+# The same holds for the ``sys.path`` copy it takes, so the scripts folder is dropped here too.
+_link_packages(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_SCRIPTS = os.path.dirname(os.path.abspath(sys.argv[0]))
+if os.path.exists(os.path.join(_SCRIPTS, "funnel")):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _SCRIPTS]
+
+
+def on_config(config):
+    _link_packages(_repo_root(config))
     return config
 
 
