@@ -207,11 +207,13 @@ def bench_encode(model, texts: list[str], ray_batch: int, model_batch: int) -> d
     return {"per_batch_docs_s": per_s, "whole_docs_s": whole_s, "vectors": np.vstack(per)}
 
 
-def bench_ray_stage(docs, spec, tok_spec, ray_batch, tokenize_actors, gpu: bool, tokens=None) -> dict:
+def bench_ray_stage(docs, spec, tok_spec, ray_batch, tokenize_actors, gpu: bool, tokens=None,
+                    gpu_actors: int = 1) -> dict:
     """``embed_dataset`` (the build's wiring) over an in-memory dataset; rows counted at the driver.
 
     ``tokens`` (ids, lengths): the dataset holds token ids already and only the embedding
-    actor runs (the Ray stage's ceiling with tokenisation taken out)."""
+    actor runs (the Ray stage's ceiling with tokenisation taken out). ``gpu_actors``: embedding
+    actors sharing the one GPU (``embed_stage.gpu_actors``)."""
     import pyarrow as pa
     import ray
 
@@ -225,8 +227,9 @@ def bench_ray_stage(docs, spec, tok_spec, ray_batch, tokenize_actors, gpu: bool,
     else:
         ds = ray.data.from_arrow(pa.table({k: (v.tolist() if v.dtype == object else v) for k, v in docs.items()}))
     ds = ds.repartition(max(4, n // ray_batch))
-    res = {"num_gpus": 1} if gpu else {"num_cpus": 0.5}
-    ds = embed_dataset(ds, spec, batch_size=ray_batch, n_actors=1, actor_resources=res, tokenizer=tok_spec,
+    from funnel.jobs.embed_stage import gpu_actors as actors_for
+    n_actors, res = actors_for(1, gpu_actors) if gpu else (gpu_actors, {"num_cpus": 0.5})
+    ds = embed_dataset(ds, spec, batch_size=ray_batch, n_actors=n_actors, actor_resources=res, tokenizer=tok_spec,
                        tokenize_actors=tokenize_actors).select_columns(["local_id", "embedding"])
     arrivals, got = [], 0
     t0 = time.perf_counter()
@@ -241,7 +244,7 @@ def bench_ray_stage(docs, spec, tok_spec, ray_batch, tokenize_actors, gpu: bool,
     first = next(a for a in arrivals if a[1] >= 0.1 * n)
     steady = (n - first[1]) / (total - first[0]) if first[1] < n and total > first[0] else None
     return {"docs_s_incl_start": n / total, "docs_s_steady": steady, "wall_s": total,
-            "tokenize_actors": tokenize_actors, **gs.summary()}
+            "tokenize_actors": tokenize_actors, "gpu_actors": gpu_actors, **gs.summary()}
 
 
 def bench_embedding(a, model_dir: str, dev: str) -> dict:
@@ -280,9 +283,11 @@ def bench_embedding(a, model_dir: str, dev: str) -> dict:
                 r["ray_stage"].append(bench_ray_stage(docs, spec, tok_spec, a.ray_batch, 0, dev == "cuda",
                                                       tokens=(ids, lengths)))
                 save(a, "embedding", r)
-            for k in a.tokenize_actors:
-                r["ray_stage"].append(bench_ray_stage(docs, spec, tok_spec, a.ray_batch, k, dev == "cuda"))
-                save(a, "embedding", r)
+            for g in a.gpu_actors:
+                for k in a.tokenize_actors:
+                    r["ray_stage"].append(bench_ray_stage(docs, spec, tok_spec, a.ray_batch, k, dev == "cuda",
+                                                          gpu_actors=g))
+                    save(a, "embedding", r)
         except Exception as e:
             r["ray_error"] = f"{type(e).__name__}: {e}"[:400]
             logging.exception("ray stage failed")
@@ -557,8 +562,10 @@ def render(r: dict, cmd: str) -> str:
         for s in e.get("ray_stage", []):
             if s["docs_s_steady"] is None:  # too few batches to tell start-up from steady state
                 s["docs_s_steady"] = s["docs_s_incl_start"]
-            what = (f"`TokenizeBatch` CPU stage ({s['tokenize_actors']} actors) → 1 `EmbedBatch` GPU actor"
-                    if s["tokenize_actors"] else "token ids in the dataset → 1 `EmbedBatch` GPU actor (no tokenizing)")
+            g = s.get("gpu_actors", 1)
+            gw = f"{g} `EmbedBatch` GPU actor" + (f"s sharing the GPU (`num_gpus={1 / g:g}` each)" if g > 1 else "")
+            what = (f"`TokenizeBatch` CPU stage ({s['tokenize_actors']} actors) → {gw}"
+                    if s["tokenize_actors"] else f"token ids in the dataset → {gw} (no tokenizing)")
             row(f"**Ray stage** `embed_dataset`: {what}, steady state (GPU busy in {s['gpu_util_mean'] or 0:.0f}% "
                 f"of samples over the whole run)", s["docs_s_steady"])
             row("same, whole run incl. actor start and model load", s["docs_s_incl_start"])
@@ -634,6 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ray-pretokenized", action="store_true",
                    help="also run the Ray stage on token ids (the embedding actor alone)")
     p.add_argument("--tokenize-actors", default="4", help="TokenizeBatch actor counts to try, comma-separated")
+    p.add_argument("--gpu-actors", default="1", help="embedding actor counts on the one GPU to try, comma-separated")
     p.add_argument("--dense-stage", action="store_true", help="also run run_dense_stage on the documents")
     p.add_argument("--dense-stage-docs", type=int, default=100_000, help="its documents (default %(default)s)")
     p.add_argument("--object-store-gb", type=int, default=8, help="Ray object store (default %(default)s GiB)")
@@ -646,6 +654,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     a.forward_batches = [int(b) for b in a.forward_batches.split(",") if b]
     a.tokenize_actors = [int(k) for k in a.tokenize_actors.split(",") if k]
+    a.gpu_actors = [int(k) for k in a.gpu_actors.split(",") if k]
     if a.from_json:
         with open(a.from_json) as f:
             r = json.load(f)

@@ -4,7 +4,7 @@
         --stream to the driver, spilled per shard (VectorSpool)--> dense/emb-NNNN.npy + ids-NNNN.npy
         --build_dense_index--> ivf-NNNN.faiss
 
-Actors: one per GPU with ``num_gpus=1`` where Ray sees GPUs (fp16 there); otherwise CPU
+Actors: two per GPU at ``num_gpus=0.5`` where Ray sees GPUs (fp16 there; ``GPU_ACTORS_PER_GPU``); otherwise CPU
 actors at ``num_cpus=0.5`` with one torch thread each, so the read tasks always find a CPU
 (two actors at ``num_cpus=1`` on a 2-core machine starve the read stage and deadlock).
 On GPUs a CPU stage (``TokenizeBatch``) tokenizes ahead of the GPU actors, which then only
@@ -87,6 +87,20 @@ def _counted_embed_cls():
 #: milliseconds, so smaller calls leave it waiting on Ray's per-call overhead
 #: (bench/RESULTS.md, the GPU section). A larger ``--embed-batch-size`` is kept.
 GPU_BATCH = 1024
+
+#: Embedding actors per GPU, each reserving ``1 / GPU_ACTORS_PER_GPU`` of it. With one actor
+#: the GPU idles while Ray moves a batch in and the vectors out (one call at a time); a second
+#: actor on the same GPU overlaps that with the other's forward pass. The model is small
+#: (MiniLM: ~90 MB in fp16), so a copy per actor costs little GPU memory. bench_dense.py
+#: --gpu --gpu-actors 1,2 measures both (bench/RESULTS.md, the GPU section: on an H200 two
+#: actors reach 0.80x the forward-only rate, one 0.61x).
+GPU_ACTORS_PER_GPU = 2
+
+
+def gpu_actors(gpus: int, per_gpu: int | None = None) -> tuple[int, dict]:
+    """(embedding actors, the resources each reserves) for ``gpus`` GPUs."""
+    per = max(1, int(per_gpu or GPU_ACTORS_PER_GPU))
+    return gpus * per, {"num_gpus": 1.0 / per}
 
 
 def embed_dataset(ds, spec: dict, *, batch_size: int, n_actors: int, actor_resources: dict,
@@ -192,7 +206,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     split = splitter_spec(probe, passages) if passages.enabled else None
     del probe
     if gpus > 0:
-        n_actors, res = gpus, {"num_gpus": 1}
+        n_actors, res = gpu_actors(gpus)
     else:
         n_actors, res = max(1, min(cpus, 8)), {"num_cpus": 0.5}
     log.info("embed: %s documents with %s on %d %s actor(s)%s", f"{n_docs:,}" if n_docs is not None else "all",

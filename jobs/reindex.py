@@ -226,12 +226,12 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
 
     import ray
 
-    from funnel.jobs.embed_stage import _counted_embed_cls
+    from funnel.jobs.embed_stage import _counted_embed_cls, gpu_actors
     from funnel.pipelines.vectors import VectorSpool
     counter = progress_counter()
     gpus = _ray_gpus()
     if gpus > 0:
-        n_actors, res = gpus, {"num_gpus": 1}
+        n_actors, res = gpu_actors(gpus)
     else:
         n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
     n_actors = max(1, min(n_actors, -(-n_rows // batch_size)))

@@ -98,15 +98,26 @@ def test_tokenized_batches_use_the_embedding_cache(provider, reference, tmp_path
     np.testing.assert_allclose(both, reference, atol=1e-5)
 
 
-def test_ray_stage_with_tokenize_stage_equals_encode(ray_session, provider, reference):
-    """The build's wiring (``embed_dataset``) with the tokenize stage the GPU build adds, on CPU actors."""
+def test_gpu_actor_layout():
+    """Two embedding actors share each GPU by default (each reserves half of it)."""
+    from funnel.jobs.embed_stage import gpu_actors
+
+    assert gpu_actors(1) == (2, {"num_gpus": 0.5})
+    assert gpu_actors(4) == (8, {"num_gpus": 0.5})
+    assert gpu_actors(3, per_gpu=1) == (3, {"num_gpus": 1.0})
+
+
+@pytest.mark.parametrize("n_actors", [1, 2])
+def test_ray_stage_with_tokenize_stage_equals_encode(ray_session, provider, reference, n_actors):
+    """The build's wiring (``embed_dataset``) with the tokenize stage the GPU build adds, on CPU
+    actors; two embedding actors is the GPU build's layout (two per GPU), one the single-actor one."""
     import ray
 
     from funnel.jobs.embed_stage import embed_dataset
 
     ds = ray.data.from_items([{k: v[i] for k, v in batch().items()} for i in range(len(TEXTS))],
                              override_num_blocks=3)
-    ds = embed_dataset(ds, SPEC, batch_size=2, n_actors=1, actor_resources={"num_cpus": 0.5},
+    ds = embed_dataset(ds, SPEC, batch_size=2, n_actors=n_actors, actor_resources={"num_cpus": 0.25},
                        tokenizer=provider.tokenizer_spec(), tokenize_actors=1)
     rows = ds.select_columns(["local_id", "embedding"]).take_all()
     got = np.stack([r["embedding"] for r in sorted(rows, key=lambda r: r["local_id"])])
