@@ -5,7 +5,15 @@
 
     POST /search            {"query": "...", "mode": "bm25", "k": 10, "options": {}}
                             -> SearchResult.to_dict(): {query, mode, summary, hits, trace}
-    GET  /documents/{id}    -> {doc_id, title, text, content_hash, shard, local_id}
+    GET  /documents/{id}?start=&end=
+                            -> {doc_id, title, text, content_hash, shard, local_id, start, end,
+                                length, line_start, line_end, truncated, next_start}
+                               (text: characters [start, end) of the document's text, as a
+                               hit's citation gives them; no range: from 0 to the end; at most
+                               MAX_RANGE_CHARS characters per answer, the rest from next_start)
+    POST /documents         {"ids": [...], "start"?, "end"?} -> {version, documents, missing,
+                               deferred, max_chars} (``Searcher.get_documents``: at most
+                               MAX_DOCUMENT_IDS ids, MAX_RANGE_CHARS characters in all)
     POST /term_stats        {"terms": ["..."]} -> {"version", "n_docs", "stats": [{term, forms, note}]}
                                (each term once; forms: [{analyzed, df, cf, idf}], one per distinct
                                analysed token; none for a stopword, and ``note`` says so)
@@ -14,6 +22,8 @@
                                ok | degraded | unavailable, the last with HTTP 503 and
                                every search a 503 too; damaged: [{version, file, reason,
                                since}] of versions the background scrub quarantined)
+    GET  /status            -> /health's answer plus n_passages, dense, fields, access_control,
+                               restricted, as the caller sees them (:func:`index_status`)
 
 Every error body is ``{"error": "<what was wrong and what to do>"}``; see ``ERROR_STATUS``.
 Every input is bounded before any work (see "Limits" below): the body size before the
@@ -43,7 +53,7 @@ from collections import deque
 from typing import Annotated, Any, Callable, Iterable
 
 import anyio
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
@@ -53,8 +63,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from funnel.pipelines.artifacts import IndexFormatError
 
+from .citations import MAX_RANGE_CHARS
 from .scrub import ScrubConfig, start_scrub
-from .search import MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
+from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +91,10 @@ MAX_OPTION_ITEMS = 32
 MAX_OPTION_DEPTH = 2
 MAX_OPTION_INT = 10**9
 MAX_MODE_CHARS = 64
+#: ``/documents``: the largest character offset taken for ``start`` or ``end``, far past any
+#: stored text (a text is bounded at build time, 16 MiB by default: ``pipelines/limits.py``);
+#: a larger one is a mistake. Within it, an ``end`` past a text stops at its end.
+MAX_OFFSET = 2**31 - 1
 #: Validation errors listed in one message; the rest are counted.
 MAX_LISTED_ERRORS = 5
 
@@ -231,6 +246,93 @@ class TermStatsRequest(BaseModel):
                                           f"{MAX_TERM_CHARS} characters each")
 
 
+#: ``/documents/{id}``'s query parameters; any other is refused (a misspelt ``strat`` would
+#: otherwise fetch from the beginning without a word).
+RANGE_PARAMS = ("start", "end")
+
+
+def check_range(start: Any = None, end: Any = None) -> tuple[int | None, int | None]:
+    """``start`` and ``end`` of a document range: character offsets into its text, as a hit's
+    citation gives them (None: from the beginning, to the end). Text (a query parameter) is
+    read as a whole number. Checked before the document is looked up, so a bad range answers
+    the same whether or not the document exists; whether ``start`` falls within a given
+    document is ``citations.text_range``'s check.
+
+    Raises
+    ------
+    SearchError
+        A value that is not a whole number, is negative or over :data:`MAX_OFFSET`, or an end
+        before the start; the message names the parameter and what to pass instead.
+    """
+    got: list[int | None] = []
+    for name, v in (("start", start), ("end", end)):
+        if v is None:
+            got.append(None)
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:  # str() refuses 4,300+ digits
+            shown = f"a number of about {v.bit_length() * 0.30103:.0f} digits"
+        else:
+            shown = repr(v) if isinstance(v, (str, bool, int)) else f"a {type(v).__name__}"
+            shown = shown if len(shown) <= 40 else shown[:39] + "…"
+        if isinstance(v, str):
+            digits = v.strip().removeprefix("-")
+            if digits.isascii() and digits.isdigit():  # not "1e3", "+5", "5.0" or other scripts' digits
+                v = (-1 if v.strip().startswith("-") else 1) * (int(digits) if len(digits) <= 18 else MAX_OFFSET + 1)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SearchError(f"{name} must be a whole number of characters, got {shown}: pass e.g. {name}=0, "
+                              f"or leave it out to read {'from the beginning' if name == 'start' else 'to the end'}"
+                              " of the text")
+        if v < 0:
+            raise SearchError(f"{name} is {shown}: offsets count characters from 0; pass {name} >= 0")
+        if v > MAX_OFFSET:
+            raise SearchError(f"{name} is {shown}, over {MAX_OFFSET:,}: past the end of any document. Pass an offset "
+                              "within the document (every answer gives its length), or leave end out to read "
+                              f"to the end (at most {MAX_RANGE_CHARS:,} characters per answer; continue "
+                              "from next_start)")
+        got.append(v)
+    if got[0] is not None and got[1] is not None and got[1] < got[0]:
+        raise SearchError(f"end {got[1]} is before start {got[0]}: pass end >= start, or leave end out to read "
+                          "to the end of the text")
+    return got[0], got[1]
+
+
+def range_params(params) -> tuple[int | None, int | None]:
+    """:func:`check_range` of a request's query parameters (a Starlette ``QueryParams``):
+    only :data:`RANGE_PARAMS`, each at most once."""
+    items = params.multi_items()
+    unknown = sorted({k for k, _ in items} - set(RANGE_PARAMS))
+    if unknown:
+        shown = ", ".join(repr(k[:40]) for k in unknown[:5])
+        raise SearchError(f"unknown query parameter(s) {shown}; valid: {', '.join(RANGE_PARAMS)}")
+    seen: dict[str, str] = {}
+    for k, v in items:
+        if k in seen:
+            raise SearchError(f"{k} is given more than once; pass it once")
+        seen[k] = v
+    return check_range(seen.get("start"), seen.get("end"))
+
+
+class DocumentsRequest(BaseModel):
+    """Body of ``POST /documents``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[Text] = Field(min_length=1, max_length=MAX_DOCUMENT_IDS,
+                            description=f"doc_ids from search hits: at most {MAX_DOCUMENT_IDS}; a repeated one "
+                                        "is answered once")
+    start: StrictInt | None = Field(None, description="first character of each document's text (default 0)")
+    end: StrictInt | None = Field(None, description="character after the last one (default: the end of the text)")
+
+
+def get_documents(searcher: Searcher, ids: list[str], start: Any = None, end: Any = None,
+                  principal=None) -> dict[str, Any]:
+    """``POST /documents`` (and the MCP ``get_documents`` tool): the range checked first
+    (:func:`check_range`), then ``Searcher.get_documents`` on one index version, its
+    answer with the range asked for added as ``start`` and ``end``."""
+    a, b = check_range(start, end)
+    return {**searcher.get_documents(ids, a, b, principal=principal), "start": a, "end": b}
+
+
 def search_with_options(searcher: Searcher, query: str, mode: str, k: int, options: dict[str, Any],
                         filter: dict[str, Any] | None = None, principal=None):
     """``searcher.search`` for a front end (``/search``, the MCP ``search`` tool).
@@ -334,6 +436,52 @@ def servable_modes(searcher: Searcher) -> list[str]:
             continue
         out.append(mode)
     return out
+
+
+def health_of(searcher: Searcher) -> tuple[dict[str, Any], int]:
+    """``GET /health``'s body and status code: 503 with ``n_docs`` None and no modes when
+    nothing verified is left to serve (every search is then a 503 too), else 200."""
+    st = searcher.status()
+    body = {"status": st["state"], "version": st["serving_version"], "n_docs": None, "modes": [],
+            "refresh_error": st["reason"], "current": st["current"], "degraded_since": st["since"],
+            "damaged": searcher.follower.damaged()}  # versions the background scrub quarantined
+    if st["state"] == "unavailable":
+        return body, 503
+    return dict(body, n_docs=searcher.index.n_docs, modes=servable_modes(searcher)), 200
+
+
+def index_status(searcher: Searcher, principal=None) -> dict[str, Any]:
+    """``GET /status`` and the MCP ``status`` tool: :func:`health_of`'s body plus what an agent
+    plans its calls with, as ``principal`` sees it.
+
+    Adds ``dense`` (the index has vectors; ``modes`` says whether they can be searched now),
+    ``n_passages`` (passages stored, one vector each; None for an index that stores none),
+    ``fields`` (``{name: type}`` a ``filter`` may name), ``access_control`` (documents carry
+    ACLs, or an absent ACL means private) and ``restricted`` (this caller reads only what
+    ACLs allow). As a principal that is not an administrator, counts follow ``/term_stats``:
+    ``n_docs`` counts the documents it may read, and ``n_passages``, a count over every
+    document, is None.
+    """
+    body, code = health_of(searcher)
+    if code != 200:
+        return dict(body, dense=False, n_passages=None, fields={}, access_control=None, restricted=None)
+    from funnel.pipelines.fields import ACL_FIELD
+
+    from .dense import shard_entries
+    manifest = searcher.index.manifest
+    section = manifest.get("fields") or {}
+    schema = dict(section.get("schema") or {})
+    dense = manifest.get("dense") or {}
+    n_passages = sum(int(sh.get("count", 0)) for sh in shard_entries(dense)) if dense.get("passages") else None
+    restricted = principal is not None and not principal.admin
+    if restricted:
+        mask = searcher.mask(None, principal)
+        body["n_docs"] = mask.count if mask is not None else body["n_docs"]
+        n_passages = None
+    return dict(body, dense=bool(dense), n_passages=n_passages,
+                fields={k: v for k, v in sorted(schema.items()) if k != ACL_FIELD},
+                access_control=ACL_FIELD in schema or section.get("acl_absent", "public") == "private",
+                restricted=restricted)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -591,14 +739,13 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
 
     @app.get("/health")
     def health() -> Any:
-        s = refreshed()
-        st = s.status()
-        body = {"status": st["state"], "version": st["serving_version"], "n_docs": None, "modes": [],
-                "refresh_error": st["reason"], "current": st["current"], "degraded_since": st["since"],
-                "damaged": s.follower.damaged()}  # versions the background scrub quarantined
-        if st["state"] == "unavailable":  # nothing verified left to serve: searches get 503 too
-            return JSONResponse(body, status_code=503)
-        return dict(body, n_docs=s.index.n_docs, modes=servable_modes(s))
+        body, code = health_of(refreshed())
+        return body if code == 200 else JSONResponse(body, status_code=code)
+
+    @app.get("/status")
+    def status(request: Request, s: Searcher = Depends(refreshed)) -> Any:
+        body = index_status(s, principal_of(request))
+        return body if body["n_docs"] is not None else JSONResponse(body, status_code=503)
 
     @app.post("/search")
     def search(req: SearchRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
@@ -606,11 +753,21 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
                                    principal=principal_of(request)).to_dict()
 
     @app.get("/documents/{doc_id:path}")
-    def get_document(doc_id: str, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        doc = s.get_document(doc_id, principal=principal_of(request))  # forbidden answers as missing
+    def get_document(doc_id: str, request: Request, s: Searcher = Depends(refreshed),
+                     start: str | None = Query(None, description="first character (default 0)"),
+                     end: str | None = Query(None, description="character after the last (default: the end)")
+                     ) -> dict[str, Any]:
+        # start and end are declared for the OpenAPI page; range_params reads them, refuses any
+        # other parameter, and runs before the lookup: a bad range answers the same for any id
+        a, b = range_params(request.query_params)
+        doc = s.get_document(doc_id, a, b, principal=principal_of(request))  # forbidden answers as missing
         if doc is None:
             raise HTTPException(404, f"no document with doc_id {doc_id!r} in index version {s.version}")
         return doc
+
+    @app.post("/documents")
+    def get_documents_(req: DocumentsRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
+        return get_documents(s, req.ids, req.start, req.end, principal=principal_of(request))
 
     @app.post("/term_stats")
     def term_stats_(req: TermStatsRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:

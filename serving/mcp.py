@@ -9,8 +9,17 @@ Tools (all read-only):
 
 - ``search(query, mode="bm25", k=10)``: text content is the summary an LLM reads;
   structured content is ``SearchResult.to_dict()`` (query, mode, summary, hits, trace).
-- ``get_document(doc_id)``: text is the title and full text; structured content the
-  stored document (doc_id, title, text, content_hash, shard, local_id).
+- ``get_document(doc_id, start=None, end=None)``: text is the title and the text, whole or
+  characters ``[start, end)`` (as a hit's citation gives them), at most ``MAX_RANGE_CHARS``
+  per call; structured content the stored document (doc_id, title, text, content_hash,
+  shard, local_id) with ``start``, ``end``, ``length``, ``line_start``, ``line_end``,
+  ``truncated`` and ``next_start`` (where to continue).
+- ``get_documents(doc_ids, start=None, end=None)``: up to ``MAX_DOCUMENT_IDS`` documents in
+  one call, ``MAX_RANGE_CHARS`` characters in all; structured content as ``POST /documents``
+  (documents, missing, deferred). A document the caller may not read is ``missing``, as one
+  that does not exist.
+- ``status()``: index version, document and passage counts, the modes it answers, the
+  fields a filter may name, whether access control is on; as ``GET /status``.
 - ``term_stats(terms)``: document frequency and idf per analyzed term, never passages;
   structured content as ``POST /term_stats``: ``{"version", "n_docs", "stats": [{term,
   forms, note}]}``, each term once.
@@ -59,12 +68,14 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
+from .citations import MAX_RANGE_CHARS
 from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS,
                    MAX_TERMS, RefreshThrottle, RequestGuard, Term, Text, caller_of, check_exposure, check_options,
-                   search_with_options, servable_modes, term_stats as term_stats_of)
+                   check_range, get_documents as get_documents_of, index_status, search_with_options,
+                   servable_modes, term_stats as term_stats_of)
 from .result import SearchResult
 from .scrub import ScrubConfig, start_scrub
-from .search import MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
+from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +83,32 @@ TRANSPORTS = ("stdio", "streamable-http")
 
 INSTRUCTIONS = (
     "funnel searches one document collection. Call `search` first: its text is a ranked list "
-    "with why each document matched; then `get_document` with a doc_id for the full text. "
-    "`term_stats` tells how common words are (df, idf) before you rephrase a query.")
+    "with why each document matched; then `get_document` with a doc_id for the full text, or with "
+    "`start`/`end` from a hit's citation for the text around it (`get_documents` fetches several at "
+    "once). `term_stats` tells how common words are (df, idf) before you rephrase a query; `status` "
+    "says which modes and filter fields this index has.")
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
 
 def _text_result(text: str, structured: dict[str, Any]) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+def _document_text(doc: dict[str, Any]) -> str:
+    """A fetched document as an LLM reads it: its id and title; for a part of the text,
+    which characters and where to continue; then the text."""
+    head = f"[{doc['doc_id']}] {doc.get('title') or ''}".rstrip()
+    if doc.get("start", 0) != 0 or doc.get("end", doc.get("length")) != doc.get("length"):
+        head += f"\n(characters {doc['start']}-{doc['end']} of {doc['length']}"
+        head += f"; continue with start={doc['next_start']})" if doc.get("next_start") is not None else ")"
+    return f"{head}\n\n{doc.get('text') or ''}"
+
+
+#: The MCP form of ``start`` and ``end`` (``http.check_range`` checks their values).
+Offset = Annotated[StrictInt | None, Field(description="character offset into the document's text, as a "
+                                                        "hit's citation gives it; leave out for the beginning "
+                                                        "(start) or the end (end)")]
 
 
 class _StdinLines:
@@ -208,7 +237,8 @@ class FunnelMCPServer(MCPServer):
 def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
                      max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, token: str | None = None,
                      tokens=None) -> MCPServer:
-    """An :class:`MCPServer` with the ``search``, ``get_document`` and ``term_stats`` tools.
+    """An :class:`MCPServer` with the ``search``, ``get_document``, ``get_documents``,
+    ``term_stats`` and ``status`` tools.
 
     Parameters
     ----------
@@ -283,20 +313,46 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
         res = guarded(search_with_options, searcher, query, mode, k, opts, filter=filter, principal=caller(ctx))
         return _text_result(res.summary, res.to_dict())
 
-    @server.tool(annotations=_READ_ONLY)
+    @server.tool(annotations=_READ_ONLY, description=(
+        "Fetch one document's title and text by its doc_id: all of it, or characters [start, end) "
+        f"(a hit's citation gives both). At most {MAX_RANGE_CHARS:,} characters per call; a longer "
+        "text comes back cut, with next_start to continue from."))
     def get_document(
         doc_id: Annotated[Text, Field(min_length=1, description="a doc_id from a search hit")],
+        start: Offset = None,
+        end: Offset = None,
         ctx: Context = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
-        """Fetch one document's title and full text by its doc_id."""
-        # forbidden answers as missing; the method is looked up inside guarded(): with no
-        # servable version (a scrub quarantined it) the lookup itself raises IndexFormatError
-        doc = guarded(lambda: searcher.get_document(doc_id, principal=caller(ctx)))
+        # the range first (the same answer for any id); forbidden answers as missing; the
+        # method is looked up inside guarded(): with no servable version (a scrub quarantined
+        # it) the lookup itself raises IndexFormatError
+        doc = guarded(lambda: searcher.get_document(doc_id, *check_range(start, end), principal=caller(ctx)))
         if doc is None:
             raise ToolError(f"no document with doc_id {doc_id!r} in index version {searcher.version}; "
                             "use a doc_id from a search hit")
-        head = f"[{doc['doc_id']}] {doc.get('title') or ''}".rstrip()
-        return _text_result(f"{head}\n\n{doc.get('text') or ''}", doc)
+        return _text_result(_document_text(doc), doc)
+
+    @server.tool(annotations=_READ_ONLY, description=(
+        "Fetch several documents at once, each whole or characters [start, end). At most "
+        f"{MAX_DOCUMENT_IDS} ids and {MAX_RANGE_CHARS:,} characters in all: the ids past that bound come "
+        "back as deferred (ask again for them). Ids this index does not have, or that you may not read, "
+        "come back as missing."))
+    def get_documents(
+        doc_ids: Annotated[list[Text], Field(min_length=1, max_length=MAX_DOCUMENT_IDS,
+                                             description=f"doc_ids from search hits: at most {MAX_DOCUMENT_IDS}; "
+                                                         "a repeated one is answered once")],
+        start: Offset = None,
+        end: Offset = None,
+        ctx: Context = None,
+    ) -> Annotated[CallToolResult, dict[str, Any]]:
+        got = guarded(get_documents_of, searcher, doc_ids, start, end, principal=caller(ctx))
+        parts = [_document_text(d) for d in got["documents"]]
+        if got["missing"]:
+            parts.append("missing (not in this index): " + ", ".join(got["missing"]))
+        if got["deferred"]:
+            parts.append(f"deferred (over {got['max_chars']:,} characters in all; ask again): "
+                         + ", ".join(got["deferred"]))
+        return _text_result("\n\n---\n\n".join(parts), got)
 
     @server.tool(annotations=_READ_ONLY)
     def term_stats(
@@ -316,6 +372,23 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
                                                                   else "") for f in s["forms"])
             lines.append(f"{s['term']} -> {forms} (of {stats['n_docs']} documents)")
         return _text_result("\n".join(lines), stats)
+
+    @server.tool(annotations=_READ_ONLY)
+    def status(ctx: Context = None) -> Annotated[CallToolResult, dict[str, Any]]:
+        """What this index is: its version, how many documents and passages it has, the modes
+        it answers now (dense needs vectors; sira), the fields a filter may name and whether
+        access control is on. If you may read only some documents, n_docs counts those and
+        n_passages is left out (null), as term_stats counts only what you may read."""
+        st = guarded(index_status, searcher, caller(ctx))
+        if st["n_docs"] is None:
+            raise ToolError(f"the index cannot be searched now ({st['status']}): {st['refresh_error']}")
+        fields = ", ".join(f"{k} ({v})" for k, v in st["fields"].items()) or "none"
+        text = (f"index version {st['version']} ({st['status']}): {st['n_docs']} documents"
+                + (f", {st['n_passages']} passages" if st["n_passages"] is not None else "")
+                + (" you may read" if st["restricted"] else "")
+                + f"\nmodes: {', '.join(st['modes'])}\nfilter fields: {fields}"
+                + f"\naccess control: {'on' if st['access_control'] else 'off'}")
+        return _text_result(text, st)
 
     return server
 

@@ -145,8 +145,8 @@ class TokenFile:
 
 
 class AsPrincipal:
-    """A searcher bound to one principal: ``search``, ``search_batch``, ``get_document`` and
-    ``term_stats`` run as it (``as_principal(open_index(root), principal("alice", ["eng"]))``).
+    """A searcher bound to one principal: ``search``, ``search_batch``, ``get_document``,
+    ``get_documents`` and ``term_stats`` run as it (``as_principal(open_index(root), principal("alice", ["eng"]))``).
     The same guarantees as the servers give their callers; in-process code that holds the
     searcher itself can still read everything, as the CLI does."""
 
@@ -162,6 +162,9 @@ class AsPrincipal:
 
     def get_document(self, doc_id: str, *args, **kwargs) -> dict | None:
         return self._searcher.get_document(doc_id, *args, principal=self.principal, **kwargs)
+
+    def get_documents(self, doc_ids: list[str], *args, **kwargs) -> dict:
+        return self._searcher.get_documents(doc_ids, *args, principal=self.principal, **kwargs)
 
     def term_stats(self, terms: list[str]) -> list[dict]:
         return self._searcher.term_stats(terms, principal=self.principal)

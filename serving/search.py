@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # its own window, so 100,000 characters cost milliseconds.
 MAX_QUERY_CHARS = 100_000
 MAX_K = 1000
+#: Ids one ``get_documents`` call may name: an agent's handful of hits, not a corpus dump.
+MAX_DOCUMENT_IDS = 20
 BATCH_CELLS = 2_000_000  # search_batch (bm25): queries x depth answered per compiled call
 
 
@@ -518,6 +520,40 @@ class VersionSearcher:
         if n is None:
             return None
         return text_range(self.index.docs.get(n), start, end, MAX_RANGE_CHARS if max_chars is None else max_chars)
+
+    def get_documents(self, doc_ids: list[str], start: int | None = None, end: int | None = None, *,
+                      principal: Any = None, max_chars: int | None = None) -> dict:
+        """Several documents in one call, all from this one version: ``{"version",
+        "documents", "missing", "deferred", "max_chars"}``.
+
+        At most :data:`MAX_DOCUMENT_IDS` ids; a repeated one is answered once. Each document is
+        :meth:`get_document`'s answer for ``[start, end)``, in the order asked, and together
+        their texts hold at most ``max_chars`` characters (default
+        ``citations.MAX_RANGE_CHARS``, the bound of one ``get_document``): the document that
+        meets the bound comes back cut (``truncated``, ``next_start``) and the ids after it
+        are ``deferred``, not looked up (ask again for them). ``missing`` are ids this
+        version does not have or, as ``principal``, may not read: the two are not told apart.
+        A bad range raises SearchError, as :meth:`get_document` does."""
+        from .citations import MAX_RANGE_CHARS
+        doc_ids = list(doc_ids)
+        if len(doc_ids) > MAX_DOCUMENT_IDS:
+            raise SearchError(f"{len(doc_ids)} doc_ids; at most {MAX_DOCUMENT_IDS} per call: split them into "
+                              "several calls")
+        ids = list(dict.fromkeys(doc_ids))
+        budget = MAX_RANGE_CHARS if max_chars is None else max_chars
+        docs, missing, deferred = [], [], []
+        for doc_id in ids:
+            if budget <= 0:
+                deferred.append(doc_id)
+                continue
+            doc = self.get_document(doc_id, start, end, principal=principal, max_chars=budget)
+            if doc is None:
+                missing.append(doc_id)
+                continue
+            budget -= len(doc["text"])
+            docs.append(doc)
+        return {"version": self.version, "documents": docs, "missing": missing, "deferred": deferred,
+                "max_chars": MAX_RANGE_CHARS if max_chars is None else max_chars}
 
     def mask(self, filter: Any = None, principal: Any = None) -> "filters.Mask | None":
         """The :class:`~funnel.serving.filters.Mask` of a search with ``filter`` run as

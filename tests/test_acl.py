@@ -11,6 +11,7 @@ fetching a missing id does.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -31,7 +32,9 @@ BOB = principal("bob", ["sales"])
 #: Which ACL groups each caller may read.
 READS = {"alice": {"public", "alice", "eng"}, "bob": {"public"}}
 MODES = ("bm25", "dense", "hybrid", "sira")
-QUERIES_PER_MODE = 12  # per caller and front end; the closing note's run uses 1,000
+#: Random queries per mode, caller and front end: 12 in CI; the issue's full leak check is
+#: ``FUNNEL_LEAK_QUERIES=1000 pytest tests/test_acl.py -k secret`` (the same code, more queries).
+QUERIES_PER_MODE = int(os.environ.get("FUNNEL_LEAK_QUERIES", "12"))
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,9 @@ def test_principals_see_public_documents_and_their_own_in_every_mode(acl_index):
                 assert res.hits and all(group[h.doc_id] in READS[who] for h in res.hits)
                 secrets.check("river stone harbor ledger", json.dumps(res.to_dict()))
             assert bound.get_document(next(iter(secrets.ids))) is None
+            some = sorted(secrets.ids)[:3]
+            got = bound.get_documents(some + [res.hits[0].doc_id])
+            assert got["missing"] == some and [d["doc_id"] for d in got["documents"]] == [res.hits[0].doc_id]
         admin = ix.search("vexillar drumlinor", k=10, principal=ADMIN)
         assert admin.hits and all(h.doc_id.startswith("hid-") for h in admin.hits)  # the data would leak
         assert ix.search("vexillar drumlinor", k=10, principal=ALICE).hits == ()

@@ -414,7 +414,7 @@ def exercise_mcp_http(server: Server, port: int, env: dict[str, str]) -> None:
                 await s.initialize()
                 return {t.name for t in (await s.list_tools()).tools}
 
-    assert anyio.run(session) == {"search", "get_document", "term_stats"}
+    assert anyio.run(session) == {"search", "get_document", "get_documents", "term_stats", "status"}
 
 
 def exercise_mcp_stdio(cmd: str, env: dict[str, str], cwd: Path) -> None:
@@ -473,8 +473,11 @@ EXPECT = [
     Expect("docs/retrieval-modes.md", r"--context-tokens", r"^context \(\d+ passages, U-shaped\)"),
     Expect("docs/http-api.md", r"\"mode\": \"nope\"", r"unknown mode 'nope'; choose one of bm25, dense, hybrid, sira"),
     Expect("docs/http-api.md", r"/term_stats ", r'"note": ?"stopword'),
+    Expect("docs/http-api.md", r"\?start=100&end=300", r'"start": ?100, ?"end": ?153, ?"length": ?153'),
+    Expect("docs/http-api.md", r"/documents -H", r'"missing": ?\["nope"\]'),
+    Expect("docs/http-api.md", r"/status -H", r'"access_control": ?false, ?"restricted": ?false'),
     Expect("docs/mcp-tools.md", r"^import asyncio\n\nfrom mcp import ClientSession, StdioServerParameters",
-           r"\['search', 'get_document', 'term_stats'\]\nFound 3 documents"),
+           r"\['search', 'get_document', 'get_documents', 'term_stats', 'status'\]\nFound 3 documents"),
     Expect("docs/mcp-tools.md", r"streamable_http_client", r"^vitamin -> vitamin: df \d+"),
     Expect("docs/python-api.md", r"reindex\(", r"^False 3 0 0 0$"),
     Expect("docs/evaluation.md", r"^funnel compare ", r"^McNemar \(b=\d+, c=\d+\)"),
