@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 
 import anyio
 import httpx
@@ -30,7 +28,8 @@ from funnel.serving.http import MAX_OFFSET, create_app
 from funnel.serving.mcp import build_mcp_server
 from funnel.serving.principals import TokenFile, token_digest
 from funnel.serving.search import MAX_DOCUMENT_IDS, open_index
-from test_e2e_processes import free_port, funnel_process, wait_until
+from servers import free_port, live_server
+from test_e2e_processes import funnel_process, wait_until
 from test_mcp import with_client
 from test_server_limits import HUGE, post_head, raw_request
 
@@ -83,23 +82,8 @@ def searcher(corpus):
 def base(corpus, searcher):
     """A real uvicorn server on 127.0.0.1 in a background thread, with an administrator token
     and bob's token from a tokens file (as ``funnel serve --token T --tokens FILE``)."""
-    import uvicorn
-    port = free_port()
-    app = create_app(searcher, token=ADMIN_TOKEN, tokens=TokenFile(corpus[2]))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not t.is_alive():
-            server.should_exit = True
-            pytest.fail("uvicorn did not start within 20 s")
-        time.sleep(0.05)
-    try:
+    with live_server(create_app(searcher, token=ADMIN_TOKEN, tokens=TokenFile(corpus[2]))) as port:
         yield port
-    finally:
-        server.should_exit = True
-        t.join(timeout=10)
 
 
 @pytest.fixture

@@ -15,16 +15,13 @@ import httpx
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from servers import free_port  # noqa: F401  (others import it from here too)
 
 QUERY = "parse command line arguments"
 START_TIMEOUT_S = 60
 TOKEN = "e2e-token"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -24,7 +24,6 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import anyio
@@ -37,6 +36,7 @@ from funnel.serving.http import DEFAULT_BODY_TIMEOUT_S, create_app
 from funnel.serving.mcp import build_mcp_server
 from funnel.serving.options import NUMBERS, check_option_values
 from funnel.serving.search import SearchError, open_index
+from servers import live_server
 
 QUERY = "parse command line arguments"
 TIMEOUT_S = 60
@@ -50,33 +50,6 @@ NOT_NUMBERS = [math.inf, -math.inf, math.nan, "inf", "nan", "Infinity", "-inf", 
 def searcher(demo_index_1):
     with open_index(demo_index_1) as s:
         yield s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def live_server(app):
-    """``app`` under a real uvicorn on 127.0.0.1 in a background thread; yields the port."""
-    import uvicorn
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not t.is_alive():
-            server.should_exit = True
-            pytest.fail("uvicorn did not start within 20 s")
-        time.sleep(0.05)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        t.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from funnel.serving.http import create_app
 from funnel.serving.search import MAX_K, MAX_QUERY_CHARS, open_index
+from servers import live_server
 
 QUERY = "parse command line arguments"
 TOKEN = "s3cret-token"
@@ -34,32 +33,13 @@ def client(searcher):
         yield c
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def live_url(searcher):
     """A real uvicorn server on 127.0.0.1 in a background thread."""
-    import uvicorn
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(searcher), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not t.is_alive():
-            server.should_exit = True
-            pytest.fail("uvicorn did not start within 20 s")
-        time.sleep(0.05)
-    try:
+    with live_server(create_app(searcher)) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(timeout=10)
 
 
 def test_search_returns_summary_hits_and_trace(client, searcher):

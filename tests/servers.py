@@ -1,0 +1,41 @@
+"""Helpers the server tests share: a free port on 127.0.0.1 and an app under a real uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+START_TIMEOUT_S = 20
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(app):
+    """``app`` under a real uvicorn on 127.0.0.1 in a background thread; yields the port and
+    stops the server on exit."""
+    import uvicorn
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if time.monotonic() > deadline or not t.is_alive():
+            server.should_exit = True
+            pytest.fail(f"uvicorn did not start within {START_TIMEOUT_S} s")
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        t.join(timeout=10)
