@@ -8,12 +8,15 @@ words (each abstract a paragraph: its title, a line break, its text). A query's 
 containers are those holding a relevant abstract (its highest grade); SciFact's test queries
 are asked of them. The corpus is written under ``--out`` at run time, never committed.
 
-Two builds of the same corpus, in subprocesses (each one's peak memory is its own):
+Three builds of the same corpus, in subprocesses (each one's peak memory is its own):
 ``--passages off`` (one vector per document: the embedder reads its first window, what
-funnel did before passages) and ``--passages on`` (the default). Both are evaluated with
-``funnel eval``'s code on bm25, dense, hybrid and sira (each mode's defaults). BM25 does not
-depend on passages, so its row is the same in both. Prints its section of bench/RESULTS.md;
---write records it there.
+funnel did before passages), ``--passages on`` (the default) and ``--passages on
+--bm25-passages`` (BM25 too scores a document by its best passage; hybrid and sira fuse and
+expand that list). All are evaluated with ``funnel eval``'s code on bm25, dense, hybrid and
+sira (each mode's defaults). Whole-document BM25 does not depend on passages, so its row is
+the same in the first two. Then SciFact itself (abstracts: 11 of 5,183 are long enough to
+split) is built with and without ``--bm25-passages`` and evaluated the same way
+(``--no-scifact`` skips it). Prints its section of bench/RESULTS.md; --write records it there.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
 MODES = ("bm25", "dense", "hybrid", "sira")
+#: (name, --passages, --bm25-passages) of each build of the long-document corpus.
+SETTINGS = (("off", "off", False), ("on", "on", False), ("bm25p", "on", True))
 
 
 def pack(corpus: list[dict], per_doc: tuple[int, int], seed: int) -> tuple[list[dict], dict[str, str]]:
@@ -82,10 +87,11 @@ def write_dataset(src: str, out: str, per_doc: tuple[int, int], seed: int) -> di
             "median_words": words[len(words) // 2], "max_words": words[-1]}
 
 
-def build(corpus: str, root: str, passages: str) -> dict:
-    """``funnel build --dense --passages P`` in a subprocess: its seconds, peak RSS, manifest."""
+def build(corpus: str, root: str, passages: str, bm25_passages: bool = False) -> dict:
+    """``funnel build --dense --passages P [--bm25-passages]`` in a subprocess: its seconds,
+    peak RSS, manifest."""
     cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", root, "--dense",
-           "--passages", passages]
+           "--passages", passages] + (["--bm25-passages"] if bm25_passages else [])
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -102,9 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_arguments(p)
     p.add_argument("--out", default=os.path.join(".funnel", "longdocs"),
-                   help="where the packed corpus and the two indexes are written")
+                   help="where the packed corpus and the indexes are written")
     p.add_argument("--per-doc", default="20,40", help="abstracts per long document: MIN,MAX")
     p.add_argument("--seed", type=int, default=0, help="shuffle and packing seed")
+    p.add_argument("--scifact", action=argparse.BooleanOptionalAction, default=True,
+                   help="also build SciFact itself with and without --bm25-passages and evaluate both")
     return p.parse_args(argv)
 
 
@@ -119,14 +127,23 @@ def main(argv=None) -> None:
     from funnel.evaluation.evaluate import eval_dataset
     from funnel.serving.search import open_index
     rows, builds = {}, {}
-    for setting in ("off", "on"):
+    for setting, passages, bm25p in SETTINGS:
         root = os.path.join(a.out, f"index-passages-{setting}")
         shutil.rmtree(root, ignore_errors=True)
-        builds[setting] = build(os.path.join(data, "corpus.jsonl"), root, setting)
+        builds[setting] = build(os.path.join(data, "corpus.jsonl"), root, passages, bm25p)
         res = eval_dataset(open_index(root), data, list(MODES))
         rows[setting] = {m: res["metrics"][m]["ndcg@10"] for m in MODES}
         print(setting, rows[setting], file=sys.stderr)
-    off, on = rows["off"], rows["on"]
+    off, on, bp = rows["off"], rows["on"], rows["bm25p"]
+    sci = {}
+    if a.scifact:
+        for setting, bm25p in (("default", False), ("bm25p", True)):
+            root = os.path.join(a.out, f"scifact-{setting}")
+            shutil.rmtree(root, ignore_errors=True)
+            builds[f"scifact-{setting}"] = build(os.path.join(src, "corpus.jsonl"), root, "on", bm25p)
+            res = eval_dataset(open_index(root), src, list(MODES))
+            sci[setting] = {m: res["metrics"][m]["ndcg@10"] for m in MODES}
+            print("scifact", setting, sci[setting], file=sys.stderr)
     lines = [f"SciFact's {stats['abstracts']:,} abstracts packed {lo}-{hi} to a document (seed {a.seed}): "
              f"{stats['documents']} documents, median {stats['median_words']:,} words (max "
              f"{stats['max_words']:,}); {stats['queries']} SciFact test queries, a container relevant when "
@@ -134,24 +151,46 @@ def main(argv=None) -> None:
              f"its defaults; NDCG@10.", "",
              "| passages | bm25 | dense | hybrid (default) | sira (default) |", "|---|---:|---:|---:|---:|"]
     for setting, label in (("off", "off (one vector per document, its first window)"),
-                           ("on", "on (MaxP over passages)")):
+                           ("on", "on (MaxP over passages)"),
+                           ("bm25p", "on, and --bm25-passages (BM25 too: MaxP over passages)")):
         r = rows[setting]
         lines.append(f"| {label} | {r['bm25']:.4f} | {r['dense']:.4f} | {r['hybrid']:.4f} | {r['sira']:.4f} |")
     lines += ["", f"Dense with passages / without: {on['dense'] / max(off['dense'], 1e-9):.2f}x (target >= 2x). "
               f"Default hybrid {'>=' if on['hybrid'] >= on['bm25'] else '<'} BM25 alone "
               f"({on['hybrid']:.4f} vs {on['bm25']:.4f}); default sira "
-              f"{'>=' if on['sira'] >= on['bm25'] else '<'} BM25 alone ({on['sira']:.4f} vs {on['bm25']:.4f}).", "",
-              "| build | vectors | dense stage s | whole build s | peak RSS of the build process |",
-              "|---|---:|---:|---:|---:|"]
-    for setting in ("off", "on"):
+              f"{'>=' if on['sira'] >= on['bm25'] else '<'} BM25 alone ({on['sira']:.4f} vs {on['bm25']:.4f}).",
+              f"Passage BM25 / whole-document BM25: {bp['bm25'] / max(on['bm25'], 1e-9):.2f}x "
+              f"({bp['bm25']:.4f} vs {on['bm25']:.4f}); with it, hybrid {bp['hybrid']:.4f} (was {on['hybrid']:.4f}) "
+              f"and sira {bp['sira']:.4f} (was {on['sira']:.4f}).", ""]
+    if sci:
+        d, p = sci["default"], sci["bm25p"]
+        same = "equals" if f"{d['bm25']:.4f}" == "0.6789" else "differs from"
+        lines += [f"SciFact itself (its test queries, {builds['scifact-bm25p']['manifest']['bm25_passages']['n_passages']:,} "
+                  f"passages for {builds['scifact-bm25p']['manifest']['corpus']['n_docs']:,} abstracts): the default "
+                  f"build and one with --bm25-passages; no tuning. The default build's BM25 {same} Lucene's "
+                  "published 0.6789.", "",
+                  "| SciFact build | bm25 | dense | hybrid (default) | sira (default) |", "|---|---:|---:|---:|---:|"]
+        for label, r in (("default (whole-document BM25)", d), ("--bm25-passages", p)):
+            lines.append(f"| {label} | {r['bm25']:.4f} | {r['dense']:.4f} | {r['hybrid']:.4f} | {r['sira']:.4f} |")
+        lines.append("")
+    lines += ["| build | vectors | BM25 documents | dense stage s | passage BM25 stage s | whole build s "
+              "| peak RSS of the build process |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for setting, label in (("off", "--passages off"), ("on", "--passages on"),
+                           ("bm25p", "--passages on --bm25-passages")):
         b = builds[setting]
-        dense_s = b["manifest"]["build"]["stages"].get("dense", 0)
-        lines.append(f"| --passages {setting} | {b['manifest']['dense']['ntotal']:,} | {dense_s:.0f} "
-                     f"| {b['seconds']:.0f} | {b['peak_mib']:,.0f} MiB |")
+        m = b["manifest"]
+        stages = m["build"]["stages"]
+        bm25_docs = (f"{m['corpus']['n_docs']:,} + {m['bm25_passages']['n_passages']:,} passages"
+                     if m.get("bm25_passages") else f"{m['corpus']['n_docs']:,}")
+        lines.append(f"| {label} | {m['dense']['ntotal']:,} | {bm25_docs} | {stages.get('dense', 0):.0f} "
+                     f"| {stages.get('bm25_passages', 0):.1f} | {b['seconds']:.0f} | {b['peak_mib']:,.0f} MiB |")
     lines += ["", "Build times include embedding on this machine's CPU, through the embedding cache (a rerun "
               "embeds nothing); peak RSS is the build process's own (its engine: "
               f"{builds['on']['manifest']['build'].get('engine', {}).get('name', '?')}).", "",
-              f"`.venv/bin/python bench/bench_longdocs.py --per-doc {lo},{hi} --seed {a.seed}`"]
+              f"Load average at the end of the run: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
+              f"({os.cpu_count()} CPUs).", "",
+              f"`.venv/bin/python bench/bench_longdocs.py --per-doc {lo},{hi} --seed {a.seed}"
+              f"{'' if a.scifact else ' --no-scifact'}`"]
     report("longdocs", "Long documents: passages (SciFact abstracts packed into long documents)",
            "\n".join(lines), a.write)
 

@@ -53,6 +53,7 @@ class BuildReport:
     shard_plan: dict = field(default_factory=dict)  # the manifest's build.shards: n, requested, reason
     enrichment: dict | None = None               # the manifest's enrichment section, None without --enrich
     files: dict | None = None                    # a folder corpus's file counts (the manifest's corpus.files)
+    bm25_passages: dict | None = None            # the manifest's bm25_passages section, None without the option
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -554,12 +555,17 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto", enrich=None,
           enrich_cache: str | None = "default", shared_disk: bool | None = None,
           shard_mib: int | None = None, limits: dict | None = None, fields=None,
-          acl_absent: str = "public", passages=None) -> BuildReport:
+          acl_absent: str = "public", passages=None, bm25_passages: bool = False) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
     document into passages of the embedder's window for the dense stage (DESIGN.md, "Long
     documents"); ``PassageSettings(enabled=False)`` embeds each document whole.
+
+    ``bm25_passages`` (needs ``dense`` with passages on) also indexes every passage as a BM25
+    document of its own, in the version's ``bm25-passages/`` folder, and serving then scores
+    BM25 by a document's best passage (:mod:`funnel.pipelines.passage_bm25`); off, BM25 is
+    whole-document, as Lucene scores it.
 
     ``fields`` declares the filterable fields (``"year:number,tags:keyword_list"``,
     ``"@schema.json"`` or a dict; None: inferred) and ``acl_absent`` what a document without
@@ -595,6 +601,9 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         raise ValueError(f"--shards must be >= 1, got {shards}")
     if shard_mib is not None and (shard_mib < 1 or shards is not None):
         raise ValueError(f"--shard-mib must be >= 1 and is not used with --shards (got {shard_mib})")
+    if bm25_passages:
+        from funnel.pipelines.passage_bm25 import check_options
+        check_options(dense, passages is None or passages.enabled, enrich is not None)
     t0 = time.time()
     timings = {}
     from funnel.pipelines.fields import ACL_ABSENT, parse_declaration
@@ -731,6 +740,15 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                               progress_seconds=progress_seconds, passages=passages)
             timings["dense"] = round(time.time() - t, 2)
+        if bm25_passages:
+            t = time.time()
+            from funnel.jobs.passage_bm25 import run_passage_bm25
+            # In process where Ray workers could not read this process's work folder.
+            manifest["bm25_passages"] = run_passage_bm25(
+                staging, work, shards, engine="local" if engine_name == "local" or ray_info.get(
+                    "worker_files", {}).get("shipped") else "auto", num_cpus=num_cpus,
+                progress_seconds=progress_seconds, shard_mib=shard_mib, shared_disk=shared_disk, limits=limits)
+            timings["bm25_passages"] = round(time.time() - t, 2)
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         if enrichment is None:
             del manifest["enrichment"]  # an un-enriched manifest stays as it was
@@ -745,7 +763,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
              engine_name)
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
                        os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"],
-                       engine=engine_info, shard_plan=shard_info, enrichment=enrichment, files=files_info)
+                       engine=engine_info, shard_plan=shard_info, enrichment=enrichment, files=files_info,
+                       bm25_passages=manifest.get("bm25_passages"))
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -839,6 +858,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-split-above", type=float, default=4.0, metavar="W",
                    help="a document of at most W passage windows is embedded whole (the model reads its first "
                         "window, as without passages); 1 splits every document longer than one window")
+    p.add_argument("--bm25-passages", action="store_true",
+                   help="also index every passage for BM25 and score a document by its best passage (MaxP) "
+                        "instead of as a whole; needs --dense (default: off, whole-document BM25 as Lucene scores it)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs of the local Ray that funnel starts; ignored with RAY_ADDRESS and by --engine local "
                         "(default: all of this machine's)")
@@ -895,6 +917,9 @@ def describe_report(rep: BuildReport) -> str:
                      f"{c['cached']} from the cache, {c['enriched']} asked, {c['failed']} failed; "
                      f"{c['phrases_kept']} of {c['phrases_proposed']} phrases kept "
                      f"(funnel enrich-report {rep.index_root})")
+    if rep.bm25_passages:
+        lines.append(f"  bm25: a document scores its best passage ({rep.bm25_passages['n_passages']} passages "
+                     f"indexed in {rep.bm25_passages['dir']}/)")
     modes = "bm25, dense, hybrid" if rep.dense else "bm25 (build with --dense for dense and hybrid)"
     lines.append(f"  modes: {modes}")
     lines.append(f'  next:  funnel search {rep.index_root} "your question"')
@@ -945,7 +970,8 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
                 shared_disk=getattr(a, "shared_disk", None), enrich=enrich_settings_from_args(a),
                 shard_mib=getattr(a, "shard_mib", None), limits=limits_from_args(a),
                 fields=getattr(a, "fields", None), acl_absent=getattr(a, "acl_absent", "public"),
-                passages=passage_settings_from_args(a), enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
+                passages=passage_settings_from_args(a), bm25_passages=getattr(a, "bm25_passages", False),
+                enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))
     return rep

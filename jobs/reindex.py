@@ -489,6 +489,10 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)  # a missing corpus fails here, before any write
     n_shards = len(live["shards"])
     want_dense = bool(live.get("dense")) if dense is None else bool(dense)
+    if live.get("bm25_passages") and not want_dense:
+        raise BuildError("the live version scores BM25 by passages (--bm25-passages), which are split by the "
+                         "dense stage: reindex without --no-dense, or run a full build (funnel build ...) without "
+                         "--bm25-passages")
     executor = _pick_executor(executor)
     if live.get("enrichment"):
         return _reindex_enriched(root, local, corpus, base, vdir, live, spec, dense=dense,
@@ -607,6 +611,15 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                                                          passages=passages,
                                                          live_passages=(live.get("dense") or {}).get("passages"))
             timings["dense"] = round(time.time() - t, 2)
+        if live.get("bm25_passages") and not only_fields:  # only fields: the live files were copied
+            t = time.time()
+            from funnel.jobs.passage_bm25 import run_passage_bm25
+            # The passage BM25 index, built again from the new version's passages (its N, df and
+            # avgdl are over every passage, so one edited document changes every passage's score).
+            manifest["bm25_passages"] = run_passage_bm25(staging, work, n_shards,
+                                                         engine="local" if executor == "local" else "auto",
+                                                         num_cpus=num_cpus)
+            timings["bm25_passages"] = round(time.time() - t, 2)
         manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         version = publish_to(root, staging, manifest, keep=keep_versions)

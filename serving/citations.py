@@ -8,6 +8,8 @@ Which passage:
 
 * a hit the dense list found: the passage its MaxP score came from
   (``DenseIndex.best_passage``);
+* a BM25 hit of an index built with ``--bm25-passages``: the passage its MaxP score came
+  from (``PassageBM25.best_passage``);
 * otherwise (BM25, SIRA, a hybrid hit only BM25 found): the passage holding the most
   distinct matched query terms, then the most matches, the first on ties
   (:func:`lexical_best`).

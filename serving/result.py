@@ -17,7 +17,9 @@ class Citation:
     is ``text``; ``get_document(doc_id, start, end)`` fetches around it); ``line_start`` /
     ``line_end`` are its 1-based lines. ``ordinal`` is the passage's number in the
     document; ``via`` says how it was chosen: ``dense`` (the passage the dense score came
-    from, ``score`` its cosine) or ``terms`` (the most matched query terms).
+    from, ``score`` its cosine), ``bm25`` (the passage a passage-BM25 score came from,
+    ``funnel build --bm25-passages``; ``score`` its BM25) or ``terms`` (the most matched
+    query terms).
     """
 
     text: str

@@ -152,6 +152,10 @@ class VersionSearcher:
         self.chat = chat
         self.bm25 = BM25Retriever(ix)
         self.dense_mode = DenseMode(ix, embedder)
+        if ix.manifest.get("bm25_passages"):  # built with --bm25-passages: BM25 is MaxP over passages
+            from .passage_bm25 import PassageBM25
+            dm = self.dense_mode
+            self.bm25 = PassageBM25(ix, ix.manifest["bm25_passages"], spans_of=lambda n: dm.passages().spans_of(n))
         hy = dict(ix.manifest.get("hybrid") or {})
         if "top_rank_bonus" in hy and hy["top_rank_bonus"] is not None:
             hy["top_rank_bonus"] = tuple(hy["top_rank_bonus"])
@@ -425,12 +429,14 @@ class VersionSearcher:
 
     def citation(self, doc: dict, docno: int, terms: set[str], dense: dict | None = None,
                  window: int | None = None):
-        """A hit's best passage (``citations``): ``dense`` (``DenseIndex.best_passage``) when
-        the dense list found it, else the passage with the most of ``terms``."""
+        """A hit's best passage (``citations``): ``dense`` (``DenseIndex.best_passage``, or
+        ``PassageBM25.best_passage`` with ``via`` "bm25") when a list found it, else the
+        passage with the most of ``terms``."""
         from .citations import lexical_best, make_citation
         text = doc["text"] or ""
         if dense is not None:
-            return make_citation(text, dense["start"], dense["end"], dense["ordinal"], "dense", dense["score"])
+            return make_citation(text, dense["start"], dense["end"], dense["ordinal"], dense.get("via", "dense"),
+                                 dense["score"])
         spans = self.passage_spans(docno, text, window)
         if len(spans) == 0:
             return make_citation(text, 0, len(text), 0, "terms")
@@ -463,8 +469,9 @@ class VersionSearcher:
         t = time.perf_counter()
         terms = self.bm25.query_terms(query)
         scored = self.bm25.search_weighted(dict(terms), k, params)
+        passages = getattr(self.bm25, "best_passage", None)  # --bm25-passages (serving.passage_bm25)
         trace = {"bm25": {"k1": params.k1, "b": params.b, "length_norm": params.length_norm,
-                          "query_terms": dict(terms)},
+                          "query_terms": dict(terms), **({"scoring": "best passage (MaxP)"} if passages else {})},
                  "timings_ms": {"bm25": round((time.perf_counter() - t) * 1000, 3)}}
         note = ""
         if not terms:
@@ -477,6 +484,9 @@ class VersionSearcher:
             ex = self.bm25.explain(dict(terms), n, params)
             top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
             why = "matched " + ", ".join(f"{t} (tf {v['tf']}, df {v['df']})" for t, v in top[:5])
+            if passages is not None:  # the passage the score came from, for the citation
+                return {"terms": dict(top), "why": why + " in its best passage",
+                        "passage": passages(dict(terms), n, params)}
             return {"terms": dict(top), "why": why}
 
         return scored, trace, note, matched
