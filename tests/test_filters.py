@@ -178,17 +178,19 @@ def test_mask_equals_the_filter_interpreted_on_every_row(bm25):
 
 # -- the oracle -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernels, strategy", [(True, "auto"), (True, "candidates"), (True, "masked"),
-                                               (True, "deep"), (False, "auto")])
-def test_filtered_bm25_equals_exhaustive_scoring_of_the_allowed_documents(bm25, kernels, strategy, monkeypatch):
-    """Every path of ``serving/masked.py`` (the per-shard choice, each forced) and the NumPy one."""
+@pytest.mark.parametrize("kernels, strategy, prune_min", [
+    (True, "auto", None), (True, "candidates", None), (True, "masked", None), (True, "candidates", 0),
+    (True, "masked", 0), (True, "auto", -1), (False, "auto", None)])
+def test_filtered_bm25_equals_exhaustive_scoring_of_the_allowed_documents(bm25, kernels, strategy, prune_min,
+                                                                          monkeypatch):
+    """Every path of ``serving/masked.py`` (the per-shard choice, each strategy forced; pruning
+    as served, eager (0) and off (-1: no block maxima)) and the NumPy one."""
     from funnel.serving import masked
     rows, vs = bm25
     vs.bm25.kernels = kernels
-    if strategy != "auto":
-        monkeypatch.setattr(masked, "DEEP_MIN_FRACTION", 0.0 if strategy == "deep" else 2.0)
-        monkeypatch.setattr(masked, "DEEP_MAX", 10**9 if strategy == "deep" else 0)
-        monkeypatch.setattr(masked, "CANDIDATE_COST", 0 if strategy == "candidates" else 10**9)
+    monkeypatch.setattr(masked, "STRATEGY", "blocks" if strategy == "masked" else strategy)
+    if prune_min is not None:
+        monkeypatch.setattr(vs.bm25, "prune_min_postings", prune_min)
     rng = random.Random(11)
     try:
         cases = [(f, _query(rng)) for f in SELECTIVE for _ in range(3)]
