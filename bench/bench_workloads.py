@@ -1,6 +1,7 @@
 """BM25 per workload: natural-language and generated queries over Zipf and topical corpora, funnel vs bm25s vs PISA.
 
     .venv/bin/python bench/bench_workloads.py --size 1m [--corpora zipf,topical] [--queries 300] [--rounds 5] [--write]
+    .venv/bin/python bench/bench_workloads.py --from-results RUN_A.json,RUN_B.json --write   # one run per corpus
 
 ``bench/bench_scale.py`` times one workload (``bench/synth.py``'s own short queries, which
 lean to rare terms); this script times several, each reported on its own row, because a
@@ -373,7 +374,7 @@ def render(res: dict, command: str) -> str:
     L = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, shared with other jobs (1-minute load average "
          "over the timing children: " + ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → "
                                                   f"{r['tp'].get('load_end', 0):.1f}" for c, r in res["corpora"].items())
-         + "). Command: `" + command + "`. All figures below come from this one run.", ""]
+         + "). Command: `" + command + "`. " + res.get("how", "All figures below come from this one run."), ""]
     rows = []
     for c, r in res["corpora"].items():
         tp = r["tp"]
@@ -469,12 +470,21 @@ def main(argv=None):
     p.add_argument("--work", default=os.path.join(".funnel", "workloads"), help="indexes and results "
                    "(default %(default)s)")
     p.add_argument("--build-only", action="store_true", help="make the corpora and indexes, time nothing")
-    p.add_argument("--from-results", metavar="JSON", help="run nothing: render a saved results.json")
+    p.add_argument("--from-results", metavar="JSON[,JSON]", help="run nothing: render a saved results.json, or "
+                   "several (one per corpus, e.g. runs of --corpora zipf and --corpora topical) together")
     p.add_argument("--write", action="store_true", help="record the 'workloads' section of bench/RESULTS.md")
     a = p.parse_args(argv)
     if a.from_results:
-        with open(a.from_results) as f:
-            saved = json.load(f)
+        runs = []
+        for path in a.from_results.split(","):
+            with open(path) as f:
+                runs.append(json.load(f))
+        saved = {**runs[0], "corpora": {c: r for run in runs for c, r in run["corpora"].items()}}
+        if len(runs) > 1:
+            saved["command"] = "` then `".join(run["command"] for run in runs)
+            saved["how"] = (f"{len(runs)} runs back to back on the same code, rendered together with `--from-results`: "
+                            "compare figures within a corpus (each corpus's three systems were timed in the same "
+                            "process, interleaved).")
         report("workloads", TITLE, render(saved, saved["command"]), a.write)
         return
     command = ".venv/bin/python bench/bench_workloads.py " + " ".join(sys.argv[1:] if argv is None else argv)

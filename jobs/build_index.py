@@ -555,7 +555,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           progress_seconds: float = DEFAULT_INTERVAL, engine: str = "auto", enrich=None,
           enrich_cache: str | None = "default", shared_disk: bool | None = None,
           shard_mib: int | None = None, limits: dict | None = None, fields=None,
-          acl_absent: str = "public", passages=None, bm25_passages: bool = False) -> BuildReport:
+          acl_absent: str = "public", passages=None, bm25_passages: bool = False,
+          dense_memory_budget: int | str | None = None) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
@@ -566,6 +567,10 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     document of its own, in the version's ``bm25-passages/`` folder, and serving then scores
     BM25 by a document's best passage (:mod:`funnel.pipelines.passage_bm25`); off, BM25 is
     whole-document, as Lucene scores it.
+
+    ``dense_memory_budget`` (bytes, or a size such as ``"4GiB"``; None: the default, 4 GiB)
+    bounds the dense index's lists in RAM at serving: above it the FAISS shards are IVF-PQ,
+    re-scored exactly from the vectors on disk (:mod:`funnel.pipelines.vectors`).
 
     ``fields`` declares the filterable fields (``"year:number,tags:keyword_list"``,
     ``"@schema.json"`` or a dict; None: inferred) and ``acl_absent`` what a document without
@@ -604,6 +609,9 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     if bm25_passages:
         from funnel.pipelines.passage_bm25 import check_options
         check_options(dense, passages is None or passages.enabled, enrich is not None)
+    if dense_memory_budget is not None:
+        from funnel.pipelines.vectors import parse_memory_budget
+        dense_memory_budget = parse_memory_budget(dense_memory_budget)  # a bad size fails before any work
     t0 = time.time()
     timings = {}
     from funnel.pipelines.fields import ACL_ABSENT, parse_declaration
@@ -734,11 +742,12 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                                                     counter=counter, progress_seconds=progress_seconds,
                                                     actor_options=max_restarts(ray_info), ship=ship,
                                                     release_ray=ray_info.get("cluster") == "local",
-                                                    passages=passages)
+                                                    passages=passages, memory_budget=dense_memory_budget)
             else:
                 from funnel.jobs.local_engine import run_dense
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
-                                              progress_seconds=progress_seconds, passages=passages)
+                                              progress_seconds=progress_seconds, passages=passages,
+                                              memory_budget=dense_memory_budget)
             timings["dense"] = round(time.time() - t, 2)
         if bm25_passages:
             t = time.time()
@@ -858,6 +867,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-split-above", type=float, default=4.0, metavar="W",
                    help="a document of at most W passage windows is embedded whole (the model reads its first "
                         "window, as without passages); 1 splits every document longer than one window")
+    p.add_argument("--dense-memory-budget", default=None, metavar="SIZE",
+                   help="RAM the dense index's lists may take at serving, e.g. 512MiB or 16GiB; above it the FAISS "
+                        "shards are IVF-PQ (dim/4-byte codes) re-scored exactly from the vectors on disk "
+                        "(default: 4GiB, IVF-Flat up to ~2.7M vectors of dim 384)")
     p.add_argument("--bm25-passages", action="store_true",
                    help="also index every passage for BM25 and score a document by its best passage (MaxP) "
                         "instead of as a whole; needs --dense (default: off, whole-document BM25 as Lucene scores it)")
@@ -911,6 +924,10 @@ def describe_report(rep: BuildReport) -> str:
             per = f" (passages of {rep.dense['passages'].get('window')} tokens; a document scores its best)"
         lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
                      f"{rep.dense.get('ntotal')} vectors{per}")
+        if rep.dense.get("refine"):
+            lines.append(f"  dense: IVF-Flat would exceed the memory budget ({rep.dense['memory_budget']:,} bytes): "
+                         f"PQ codes in RAM ({rep.dense['list_bytes']:,} bytes), each result re-scored exactly from "
+                         "dense/emb-*.npy")
     if rep.enrichment:
         c = rep.enrichment["counts"]
         lines.append(f"  enrichment: {rep.enrichment['model']} ({rep.enrichment['prompt_id']}): {c['documents']} docs, "
@@ -971,6 +988,7 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
                 shard_mib=getattr(a, "shard_mib", None), limits=limits_from_args(a),
                 fields=getattr(a, "fields", None), acl_absent=getattr(a, "acl_absent", "public"),
                 passages=passage_settings_from_args(a), bm25_passages=getattr(a, "bm25_passages", False),
+                dense_memory_budget=getattr(a, "dense_memory_budget", None),
                 enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))

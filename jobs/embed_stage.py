@@ -165,7 +165,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
                     cache_dir: str | None = "default", factory: str | None = None,
                     nlist: int | None = None, n_docs: int | None = None, counter=None,
                     progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None,
-                    ship: bool = False, release_ray: bool = False, passages=None) -> dict:
+                    ship: bool = False, release_ray: bool = False, passages=None,
+                    memory_budget: int | None = None) -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`, default: on) splits each
@@ -178,6 +179,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     ``ship``: the workers share no disk with this process; they get the documents through the
     object store (the vectors come back to this process either way).
     ``cache_dir`` is the embedding cache on each worker's machine.
+    ``memory_budget``: bytes the FAISS lists may take at serving (``build_dense_index``).
     ``release_ray``: stop Ray once every vector is on this process's disk, before the vector
     shards are written and the FAISS stage; for a local Ray that funnel started for this build
     and nothing else uses. Its idle workers, spill workers and object store otherwise hold
@@ -248,7 +250,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     spool.finish()
     shutil.rmtree(os.path.join(staging, "dense-spill"), ignore_errors=True)
     log.info("faiss: building the vector index of %d shards", shards)
-    info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint)
+    info = build_dense_index(dense_dir, shards, factory=factory, nlist=nlist, fingerprint=fingerprint,
+                             memory_budget=memory_budget)
     info["fingerprint"] = fingerprint
     if split is not None:
         info["passages"] = passages_manifest(split, n_docs)

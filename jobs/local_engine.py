@@ -116,7 +116,7 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
 
 def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: int = 64,
               cache_dir: str | None = "default", n_docs: int | None = None,
-              progress_seconds: float = DEFAULT_INTERVAL, passages=None) -> dict:
+              progress_seconds: float = DEFAULT_INTERVAL, passages=None, memory_budget: int | None = None) -> dict:
     """Embed ``staging/docs`` into ``staging/dense`` in this process; the manifest's ``dense`` section.
 
     The model runs on this process's device (CUDA when present) with torch's own thread
@@ -173,7 +173,7 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
             else:
                 write_dense_shard(dense_dir, s, vecs, (np.int64(s) << 32) | local)
     log.info("faiss: building the vector index of %d shards", n_shards)
-    info = build_dense_index(dense_dir, n_shards, fingerprint=fingerprint)
+    info = build_dense_index(dense_dir, n_shards, fingerprint=fingerprint, memory_budget=memory_budget)
     info["fingerprint"] = fingerprint
     if split is not None:
         info["passages"] = passages_manifest(split, n_docs)

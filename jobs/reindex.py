@@ -266,8 +266,12 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
 def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, live_fp: dict | None,
                  reuse_live: bool, executor: str, cache_dir: str | None, batch_size: int,
                  actor_options: dict, release_ray: bool = False, passages=None,
-                 live_passages: dict | None = None) -> dict:
+                 live_passages: dict | None = None, memory_budget: int | None = None) -> dict:
     """Vectors of every document (reused or embedded), then the FAISS shards; the manifest's dense section.
+
+    The FAISS shards are always rebuilt from the vectors, under the live version's memory
+    budget (``memory_budget``): a corpus that grows past it gets IVF-PQ, one that shrinks
+    below it IVF-Flat again (``pipelines.vectors.build_dense_index``).
 
     ``passages`` (PassageSettings): split as the live version did (``live_passages``, its
     manifest section), or by these settings where nothing of the live version is reused."""
@@ -312,7 +316,7 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
         vecs, docnos = assemble_vectors(work, s, int(r["n_docs"]), dim, np.load(ids_p) if have else None,
                                         np.load(emb_p) if have else None)
         write_dense_shard(dense_dir, s, vecs, docnos)
-    info = build_dense_index(dense_dir, len(shard_rows), fingerprint=fingerprint)
+    info = build_dense_index(dense_dir, len(shard_rows), fingerprint=fingerprint, memory_budget=memory_budget)
     info["fingerprint"] = fingerprint
     if on:
         info["passages"] = {**section, "n_docs": sum(int(r["n_docs"]) for r in shard_rows)}
@@ -397,7 +401,7 @@ def _reindex_enriched(root: str, local: str, corpus: str, base: str, vdir: str, 
                 dense=want_dense, embed_model=model, embed_batch_size=embed_batch_size, num_cpus=num_cpus,
                 engine="ray" if executor == "ray" else "local", enrich=settings, enrich_cache=enrich_cache,
                 fields=spec.fields, acl_absent=(live.get("fields") or {}).get("acl_absent", "public"),
-                passages=_passage_settings(live))
+                passages=_passage_settings(live), dense_memory_budget=(live.get("dense") or {}).get("memory_budget"))
     diff = _content_diff(vdir, os.path.join(local, rep.version))
     secs = round(time.time() - t0, 2)
     return ReindexReport(rep.version, base, root, rep.n_docs, rep.n_rejects, **diff, shards_rebuilt=rep.n_shards,
@@ -609,7 +613,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                                                          embed_batch_size, actor_options,
                                                          release_ray=ray_info.get("cluster") == "local",
                                                          passages=passages,
-                                                         live_passages=(live.get("dense") or {}).get("passages"))
+                                                         live_passages=(live.get("dense") or {}).get("passages"),
+                                                         memory_budget=(live.get("dense") or {}).get("memory_budget"))
             timings["dense"] = round(time.time() - t, 2)
         if live.get("bm25_passages") and not only_fields:  # only fields: the live files were copied
             t = time.time()

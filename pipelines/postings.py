@@ -14,6 +14,10 @@ A shard directory ``lexical/shard-NNNN/`` holds
                                       exact block maxima for the default BM25 parameters and the
                                       collection's avgdl, and each block's last document
                                       (finalize; serving's pruning reads them)
+    impacts.npy     float32 [P]       each posting's ``tf / (tf + denom)`` for the default BM25
+    impacts.json                      parameters and the collection's avgdl, rounded to float32
+                                      (finalize; serving's exhaustive scoring reads them, and
+                                      rescores its candidates exactly)
 
 The last two bound every posting's BM25 factor ``tf/(tf + k1·(1 - b + b·dl/avgdl))`` for
 any (k1, b) and either length encoding (it grows with tf and shrinks with dl), so serving
@@ -46,6 +50,9 @@ BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in olde
 # Block maxima for the default BM25 parameters (optional; write_block_maxima).
 BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy", "block_last.npy")
 BLOCK_KEY_FILE = "block_maxima.json"
+# Per-posting float32 impacts for the default BM25 parameters (optional; write_impacts).
+IMPACT_FILE = "impacts.npy"
+IMPACT_KEY_FILE = "impacts.json"
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,8 @@ def write_shard(shard_dir: str, p: ShardPostings) -> None:
 def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None = None) -> None:
     """Write ``term_gid.npy`` (each local term's position in the sorted global vocabulary),
     the per-term bounds, and, given the collection's ``avgdl`` (and numba), the block
-    maxima for the default BM25 parameters (:func:`write_block_maxima`)."""
+    maxima and the per-posting impacts for the default BM25 parameters
+    (:func:`write_block_maxima`, :func:`write_impacts`)."""
     local = pq.read_table(os.path.join(shard_dir, "terms.parquet"), columns=["term"])
     local_terms = np.asarray(local.column("term").to_pylist(), dtype=object)
     gid = np.searchsorted(global_terms, local_terms).astype(np.int32)
@@ -218,6 +226,7 @@ def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None
     save_npy_atomic(os.path.join(shard_dir, "term_min_dl.npy"), min_dl)
     if avgdl is not None:
         write_block_maxima(shard_dir, a, avgdl)
+        write_impacts(shard_dir, a, avgdl)
 
 
 def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
@@ -237,6 +246,36 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
         save_npy_atomic(os.path.join(shard_dir, name), arr)
     write_json_atomic(os.path.join(shard_dir, BLOCK_KEY_FILE), block_maxima_key(avgdl))
     return True
+
+
+def write_impacts(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
+    """Store each posting's impact ``tf / (tf + k1·(1 - b + b·L/avgdl))`` for the default
+    BM25 parameters and this ``avgdl``, rounded to float32 (``impacts.npy``, 4 bytes a
+    posting; ``impacts.json`` names what they were computed for). Serving's exhaustive
+    scoring reads one of these per posting instead of a tf, a length code and a table cell,
+    sums them in float64 and rescores its candidates exactly, so results keep float64
+    scoring's bits (``serving.kernels._search_approx``). A reindex rewrites them (avgdl
+    changes). Returns False (nothing written) without numba."""
+    from funnel.serving import kernels
+    if not kernels.HAVE_NUMBA:
+        return False
+    from funnel.serving.bm25 import norm_bytes
+    from funnel.serving.lexical import default_impacts, impacts_key
+    imp = default_impacts(a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl)
+    save_npy_atomic(os.path.join(shard_dir, IMPACT_FILE), imp)
+    write_json_atomic(os.path.join(shard_dir, IMPACT_KEY_FILE), impacts_key(avgdl))
+    return True
+
+
+def load_impacts(shard_dir: str) -> tuple[dict, np.ndarray] | None:
+    """(what they were computed for, memory-mapped float32 impacts) of a shard's stored
+    per-posting impacts; None where the build did not store them."""
+    key_path = os.path.join(shard_dir, IMPACT_KEY_FILE)
+    if not (os.path.exists(key_path) and os.path.exists(os.path.join(shard_dir, IMPACT_FILE))):
+        return None
+    with open(key_path, encoding="utf-8") as f:
+        key = json.load(f)
+    return key, np.load(os.path.join(shard_dir, IMPACT_FILE), mmap_mode="r")
 
 
 def load_block_maxima(shard_dir: str) -> tuple[dict, tuple[np.ndarray, ...]] | None:

@@ -6,7 +6,9 @@ shard to a copy of it (``add_with_ids`` with global docnos) means every shard sh
 same centroids, so probing the same ``nprobe`` cells in each shard and merging the
 per-shard top-k gives the same answer as one big IVF index (faiss ``contrib/ondisk``).
 Small corpora use an exact Flat index instead. Shard embeddings are kept as ``.npy``
-files so the quantizer can be retrained without re-embedding.
+files so the quantizer can be retrained without re-embedding. Above a memory budget the
+shards are IVF-PQ, re-scored exactly from those files at serving (:class:`ExactScorer`;
+the comment above :data:`DEFAULT_MEMORY_BUDGET` says why this design).
 
 Layout of ``dense/``::
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 import os
 import uuid
 
@@ -47,6 +50,110 @@ METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 # sooner than its document count suggests.
 FLAT_THRESHOLD = 50_000
 MIN_POINTS_PER_CENTROID = 39  # faiss warns below this; centroids are then unreliable
+
+# -- the memory budget: IVF-Flat below it, IVF-PQ with exact re-scoring above it ------------
+#
+# Passages multiply vectors (a 10,000-word document gives ~50), and an IVF-Flat list entry is
+# the whole float32 vector plus its id: 1,544 bytes at dim 384, 1.5 GB per million passages
+# that serving wants in RAM. Above ``memory_budget`` (the lists' estimated bytes,
+# :func:`flat_list_bytes`) the build writes IVF-PQ instead: each vector's list entry is a
+# product-quantization code of dim/4 bytes (:func:`choose_pq`: 96 bytes at dim 384) plus its
+# id, 15x smaller. PQ scores are approximate, so serving re-scores a shortlist exactly
+# (:class:`ExactScorer`): the PQ search yields ``k_factor`` times the documents wanted, each is
+# scored exactly from the float32 vectors, and the best k are returned with exact scores.
+#
+# Why not FAISS's ``IndexRefineFlat``: it keeps a second, full float32 copy of every vector
+# inside the index, in RAM, so it saves nothing. ``IndexRefine`` with an SQ8 refine index
+# keeps dim bytes a vector in RAM (4x less than flat, 4x more than the PQ codes) and its
+# re-scores are themselves approximate. Here the float vectors are already on disk: the build
+# writes every shard's ``emb-NNNN.npy`` (float32) for quantizer retraining, reindex reuse and
+# citations. Memory-mapped, they cost no RAM until a shortlisted document's rows are read,
+# add no file, and make the re-scores exact. ``bench/bench_dense_pq.py`` measures float16
+# re-scoring too (half the disk; see bench/RESULTS.md, "dense-pq"); it would add a second
+# copy of the vectors, so float32 it is.
+#
+# And why re-score documents, not passages: FAISS ids are docnos (several passages share
+# one, so a document filter and every reader of ids work unchanged), so a PQ hit names a
+# document, not its row. A shortlisted document is re-scored over all its passages (rows
+# ``ids == docno``, contiguous: ``ids-NNNN.npy`` is sorted), which is exactly its MaxP score.
+
+KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+#: IVF-Flat below 4 GiB of lists: ~2.7M passages at dim 384 (SciFact's 5,183 abstracts are
+#: 16 MB, NFCorpus's 3,633 are 11 MB). A serving machine with less RAM passes a smaller budget.
+DEFAULT_MEMORY_BUDGET = 4 * GIB
+#: One 8-bit PQ code per 4 dimensions (dim/4 bytes a vector), re-scoring 8 documents per
+#: document wanted (:func:`refine_shortlist`): on 1M MiniLM-like vectors (real passages and
+#: mixtures of them, real queries; bench/bench_dense_pq.py) in IVF4096 at nprobe 256, recall@10
+#: against exact search was 0.88 / 0.965 / 0.99 re-scoring 2x / 4x / 8x with dim/4-byte codes,
+#: and 0.63 / 0.79 / 0.90 / 0.95 at 2x / 4x / 8x / 16x with dim/8-byte codes: half the RAM
+#: would cost twice the re-scoring and still miss the 0.95 target at 8x.
+PQ_DIMS_PER_CODE = 4
+REFINE_K_FACTOR = 8
+REFINE_DEEP_CAP = 50      # ... for the first 50 documents wanted; a top 100 re-scores 100 + 7 * 50
+_UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB, "g": GIB, "gb": GIB,
+          "gib": GIB, "t": TIB, "tb": TIB, "tib": TIB}
+
+
+def parse_memory_budget(value) -> int:
+    """Bytes of a memory budget: an int (bytes) or a size such as ``"512MiB"``, ``"4GiB"``,
+    ``"1.5G"`` (units B, KiB, MiB, GiB, TiB; K/KB/M/MB/... are the same binary units).
+    ``None`` is :data:`DEFAULT_MEMORY_BUDGET`.
+
+    Raises
+    ------
+    ValueError
+        For anything else, or a budget that is not positive, naming the value and the fix.
+    """
+    if value is None:
+        return DEFAULT_MEMORY_BUDGET
+    import re
+    hint = "give a positive size such as 512MiB, 4GiB or 1.5GiB (units B, KiB, MiB, GiB, TiB)"
+    if isinstance(value, bool):
+        raise ValueError(f"dense memory budget {value!r} is not a size: {hint}")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"dense memory budget {value!r} is not a size: {hint}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"dense memory budget {value!r} must be positive: {hint}")
+    return n
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes as a short binary size (``"4 GiB"``, ``"1.5 MiB"``)."""
+    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def flat_list_bytes(n: int, dim: int) -> int:
+    """Bytes of IVF-Flat (or Flat) lists of ``n`` vectors: a float32 vector and an int64 id each."""
+    return int(n) * (4 * int(dim) + 8)
+
+
+def choose_pq(n: int, dim: int) -> tuple[int, int] | None:
+    """``(m, nbits)`` of the PQ codes for ``n`` vectors of ``dim``: ``m`` sub-quantizers (the
+    largest divisor of ``dim`` up to dim/4) of ``nbits`` bits, 8 where the corpus has 39
+    training points for each of the 256 centroids, fewer below (a small corpus). ``None``
+    when it has too few vectors to train even 16 centroids (624): compressing it is
+    pointless, and it stays exact."""
+    nbits = min(8, int(math.log2(max(1, n) / MIN_POINTS_PER_CENTROID)) if n >= MIN_POINTS_PER_CENTROID else 0)
+    if nbits < 4:
+        return None
+    m = max(d for d in range(1, max(1, dim // PQ_DIMS_PER_CODE) + 1) if dim % d == 0)
+    return m, nbits
+
+
+def refine_shortlist(k: int, k_factor: int = REFINE_K_FACTOR) -> int:
+    """Documents re-scored exactly for a top ``k``: ``k_factor`` times ``k`` up to
+    :data:`REFINE_DEEP_CAP`, then one per document (a fusion's 100 candidates re-score 450
+    documents, not 800: every passage of each is read, and the tail of a candidate list
+    weighs little in the fusion)."""
+    return int(k) + (int(k_factor) - 1) * min(int(k), REFINE_DEEP_CAP)
 
 
 def choose_nlist(n: int) -> int:
@@ -128,6 +235,12 @@ def train_quantizer(sample: np.ndarray, factory: str = "IVF{nlist},Flat", metric
                              f"(39 per centroid), got {len(sample)}: pass a larger sample_size or a smaller nlist")
         ivf.cp.seed = seed
         ivf.nprobe = default_nprobe(ivf.nlist)
+        pq_ivf = faiss.downcast_index(ivf)
+        if isinstance(pq_ivf, faiss.IndexIVFPQ):
+            # Polysemous training (on by default) reorders codes for Hamming-distance pre-filtering,
+            # which funnel does not use; it took 10x the rest of training (6,000 vectors: 12 s vs 1.3 s).
+            pq_ivf.do_polysemous_training = False
+            pq_ivf.pq.cp.seed = seed
         if gpu_available():  # k-means on the GPU; the trained index stays on the CPU
             ivf.clustering_index = faiss.index_cpu_to_all_gpus(faiss.IndexFlat(dim, _metric(metric)))
     if not index.is_trained:
@@ -256,6 +369,135 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
             faiss.omp_set_num_threads(previous)
     heap.finalize()
     return heap.D, heap.I
+
+
+def needs_refine(index: faiss.Index) -> bool:
+    """True when ``index`` stores compressed codes (IVF-PQ, ...), whose scores are approximate
+    and are re-scored from the float vectors (:class:`ExactScorer`); False for Flat and IVF-Flat."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return not isinstance(faiss.downcast_index(ivf), faiss.IndexIVFFlat)
+    inner = index.index if isinstance(index, faiss.IndexIDMap) else index
+    return not isinstance(faiss.downcast_index(inner), faiss.IndexFlat)
+
+
+class ExactScorer:
+    """Exact document scores from the float vectors on disk: the re-scoring half of IVF-PQ.
+
+    ``embs[s]`` (``emb-NNNN.npy``, memory-mapped: only the rows of a shortlisted document are
+    read) and ``ids[s]`` (``ids-NNNN.npy``, ascending docnos, one per row) of each shard. A
+    document's score is its best row's (MaxP; a document of one vector: that vector's).
+
+    Parameters
+    ----------
+    embs, ids : list of np.ndarray
+        Per shard, ``(n_s, dim)`` vectors (float32, or float16: computed in float32) and
+        ``(n_s,)`` int64 docnos sorted ascending.
+    metric : {"ip", "l2"}
+        Inner product (higher is better) or squared L2 distance (lower is better), as FAISS.
+    k_factor : int
+        Documents re-scored per document wanted (:func:`refine_shortlist`).
+    """
+
+    def __init__(self, embs: list[np.ndarray], ids: list[np.ndarray], metric: str = "ip",
+                 k_factor: int = REFINE_K_FACTOR):
+        if len(embs) != len(ids):
+            raise ValueError(f"{len(embs)} vector arrays but {len(ids)} id arrays")
+        _metric(metric)
+        self.embs, self.ids, self.metric, self.k_factor = embs, ids, metric, int(k_factor)
+        self.keep_max = metric == "ip"
+
+    @classmethod
+    def open(cls, dense_dir: str, n_shards: int, metric: str = "ip", k_factor: int = REFINE_K_FACTOR,
+             shards: list[dict] | None = None) -> "ExactScorer":
+        """Memory-map every shard's ``emb-NNNN.npy`` and ``ids-NNNN.npy`` (``shards``: the
+        manifest's entries, naming the files; default the standard names)."""
+        embs, ids = [], []
+        for s in range(n_shards):
+            emb_path, ids_path, _ = _shard_files(dense_dir, s)
+            if shards is not None:
+                emb_path = os.path.join(dense_dir, shards[s].get("embeddings", os.path.basename(emb_path)))
+                ids_path = os.path.join(dense_dir, shards[s].get("ids", os.path.basename(ids_path)))
+            embs.append(_random_access(np.load(emb_path, mmap_mode="r")))
+            ids.append(np.load(ids_path, mmap_mode="r"))
+        return cls(embs, ids, metric, k_factor)
+
+    def shortlist(self, k: int) -> int:
+        """Documents to take from the PQ search and re-score for a top ``k``."""
+        return refine_shortlist(k, self.k_factor)
+
+    def doc_scores(self, query: np.ndarray, docnos: np.ndarray) -> np.ndarray:
+        """Exact scores of ``docnos`` for one query vector (``-inf``, or ``inf`` for l2, for a
+        docno with no vector)."""
+        query = np.asarray(query, dtype=np.float32).reshape(-1)
+        docnos = np.asarray(docnos, dtype=np.int64)
+        out = np.full(len(docnos), -np.inf if self.keep_max else np.inf, dtype=np.float32)
+        shard = docnos >> 32
+        for s in np.unique(shard).tolist():
+            if not 0 <= s < len(self.ids):
+                continue
+            sel = np.flatnonzero(shard == s)
+            ids = self.ids[s]
+            lo = np.searchsorted(ids, docnos[sel], "left")
+            n = np.searchsorted(ids, docnos[sel], "right") - lo
+            has = n > 0
+            if not has.any():
+                continue
+            sel, lo, n = sel[has], lo[has], n[has]
+            starts = np.cumsum(n) - n
+            rows = np.arange(int(n.sum())) - np.repeat(starts - lo, n)  # each document's rows, in turn
+            vecs = np.asarray(self.embs[s][rows], dtype=np.float32)
+            if self.keep_max:
+                out[sel] = np.maximum.reduceat(vecs @ query, starts)
+            else:
+                out[sel] = np.minimum.reduceat(((vecs - query) ** 2).sum(axis=1), starts)
+        return out
+
+    def rerank(self, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``k`` of each query's candidate documents by exact score.
+
+        Parameters
+        ----------
+        queries : np.ndarray
+            ``(nq, dim)``.
+        candidates : np.ndarray
+            ``(nq, m)`` distinct docnos per row, -1 for padding.
+
+        Returns
+        -------
+        scores, ids : np.ndarray
+            ``(nq, k)``, best first (ties keep the candidates' order); -1 ids where a row had
+            fewer than ``k`` candidates.
+        """
+        nq = len(queries)
+        out_s = np.full((nq, k), -np.inf if self.keep_max else np.inf, dtype=np.float32)
+        out_i = np.full((nq, k), -1, dtype=np.int64)
+        for q in range(nq):
+            row = candidates[q][candidates[q] >= 0]
+            if not len(row):
+                continue
+            exact = self.doc_scores(queries[q], row)
+            order = np.argsort(-exact if self.keep_max else exact, kind="stable")[:k]
+            out_i[q, :len(order)] = row[order]
+            out_s[q, :len(order)] = exact[order]
+        return out_s, out_i
+
+
+def _random_access(arr: np.ndarray) -> np.ndarray:
+    """``madvise(MADV_RANDOM)`` on a memory-mapped array: a re-scored document's rows are a few
+    KB anywhere in the file, and the kernel's default readahead (up to 128 KB a fault) would
+    read ~30-80x that from a cold disk and fill the page cache with vectors no query asked for."""
+    mm = getattr(arr, "_mmap", None)
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+    return arr
+
+
+def first_distinct(row: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the first ``n`` distinct ids of a ranking (-1 padding ignored), in rank
+    order: with passages, where each document appears first, at its best passage."""
+    valid = int((row >= 0).sum()) if len(row) and row[-1] < 0 else len(row)
+    return np.sort(np.unique(row[:valid], return_index=True)[1])[:n]
 
 
 # --- the dense/ directory ---------------------------------------------------------------
@@ -426,10 +668,13 @@ def _draw_sample(embs: list[np.ndarray], size: int, seed: int) -> np.ndarray:
     return np.vstack(parts)
 
 
-def _recall_at_k(dense_dir: str, n_shards: int, queries: np.ndarray, k: int, nprobe: int) -> float:
+def _recall_at_k(dense_dir: str, n_shards: int, queries: np.ndarray, k: int, nprobe: int,
+                 k_factor: int | None = None) -> float:
     """recall@k of the written shard indexes against exact search over the embeddings, over
     documents: the first ``k`` distinct ids of each ranking (with passages several vectors
-    share a document's id; searched ``k`` times the most passages of a document deep)."""
+    share a document's id; searched ``k`` times the most passages of a document deep).
+    ``k_factor``: the indexes are re-scored (IVF-PQ), as serving does: the first
+    :func:`refine_shortlist` distinct documents, re-scored by :class:`ExactScorer`."""
     per_doc = 1
     for s in range(n_shards):
         ids = np.load(_shard_files(dense_dir, s)[1])
@@ -450,7 +695,17 @@ def _recall_at_k(dense_dir: str, n_shards: int, queries: np.ndarray, k: int, npr
             exact.add_result(_pad(d, depth, -np.inf), np.where(i >= 0, ids[np.maximum(i, 0)], -1))
         approx.append(read_index(ivf_path))
     exact.finalize()
-    _, got = search_shards(approx, queries, depth, nprobe=nprobe)
+    if k_factor:
+        scorer = ExactScorer.open(dense_dir, n_shards, k_factor=k_factor)
+        want = scorer.shortlist(k)
+        _, got = search_shards(approx, queries, max(1, min(want * per_doc, total)), nprobe=nprobe)
+        cand = np.full((len(got), want), -1, dtype=np.int64)
+        for r, row in enumerate(got):
+            pos = first_distinct(row, want)
+            cand[r, :len(pos)] = row[pos]
+        _, got = scorer.rerank(queries, cand, k)
+    else:
+        _, got = search_shards(approx, queries, depth, nprobe=nprobe)
 
     def first(row: np.ndarray) -> set:
         row = row[row >= 0]
@@ -468,7 +723,8 @@ def _pad(x: np.ndarray, k: int, fill) -> np.ndarray:
 
 def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None, nlist: int | None = None,
                       sample_size: int | None = None, seed: int = 0, metric: str = "ip",
-                      recall_queries: int = 100, fingerprint: dict | None = None) -> dict:
+                      recall_queries: int = 100, fingerprint: dict | None = None,
+                      memory_budget: int | str | None = None) -> dict:
     """Train one quantizer across shards, write ``quantizer.faiss`` and ``ivf-NNNN.faiss``.
 
     Reads the ``emb-/ids-NNNN.npy`` files written by :func:`write_dense_shard`
@@ -480,7 +736,9 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     n_shards : int
     factory : str, optional
         ``faiss.index_factory`` string (``{nlist}`` filled in); default
-        ``"IVF{nlist},Flat"``, or ``"Flat"`` when nlist is 0.
+        ``"IVF{nlist},Flat"``, or ``"Flat"`` when nlist is 0; above ``memory_budget``,
+        ``"IVF{nlist},PQ{m}x{nbits}"`` (:func:`choose_pq`; nlist at least 1). A factory
+        whose codes are approximate (PQ, SQ) is re-scored at serving (``refine``).
     nlist : int, optional
         Default :func:`choose_nlist` of the corpus size (0: exact Flat).
     sample_size : int, optional
@@ -494,13 +752,21 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
         default nprobe (IVF only; 0 skips).
     fingerprint : dict, optional
         The embedding model fingerprint, stored as ``fingerprint`` in the result.
+    memory_budget : int or str, optional
+        Bytes (or a size, :func:`parse_memory_budget`) the index's lists may take in RAM at
+        serving; default :data:`DEFAULT_MEMORY_BUDGET`. Where IVF-Flat's
+        (:func:`flat_list_bytes`) would exceed it, the default factory is IVF-PQ with exact
+        re-scoring (the comment above :data:`DEFAULT_MEMORY_BUDGET` says why).
 
     Returns
     -------
     dict
         For the manifest: factory, nlist, nprobe, metric, dim, ntotal, counts,
-        quantizer and per-shard files, sample_size, seed, recall_at_10, faiss_version.
+        quantizer and per-shard files, sample_size, seed, recall_at_10, faiss_version,
+        memory_budget, list_bytes (the chosen lists' estimated bytes) and refine (None, or
+        how serving re-scores: ``k_factor``, the vectors read).
     """
+    budget = parse_memory_budget(memory_budget)
     embs = []
     for s in range(n_shards):
         emb_path, ids_path, _ = _shard_files(dense_dir, s)
@@ -513,12 +779,22 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     dim = dims.pop()
     counts = [int(len(e)) for e in embs]
     ntotal = sum(counts)
+    pq = choose_pq(ntotal, dim) if factory is None and flat_list_bytes(ntotal, dim) > budget else None
+    if pq is None and factory is None and flat_list_bytes(ntotal, dim) > budget:
+        log.warning("dense index: %d vectors are too few to train PQ codes; exact Flat although its %s exceed "
+                    "the memory budget of %s", ntotal, format_bytes(flat_list_bytes(ntotal, dim)), format_bytes(budget))
     if nlist is None:
-        nlist = choose_nlist(ntotal)
+        nlist = max(1, choose_nlist(ntotal)) if pq else choose_nlist(ntotal)
     if factory is None:
-        factory = "IVF{nlist},Flat" if nlist else "Flat"
+        factory = f"IVF{{nlist}},PQ{pq[0]}x{pq[1]}" if pq else ("IVF{nlist},Flat" if nlist else "Flat")
+        if pq:
+            log.info("dense index: IVF-Flat lists would take %s, over the memory budget of %s: IVF-PQ (%d-byte "
+                     "codes) with exact re-scoring from the vectors on disk",
+                     format_bytes(flat_list_bytes(ntotal, dim)), format_bytes(budget), pq[0] * pq[1] // 8)
     if sample_size is None:
         sample_size = 64 * nlist if "{nlist}" in factory else (0 if factory.lower() == "flat" else 65_536)
+        if pq:  # the PQ codebooks: 64 points per centroid of a sub-quantizer
+            sample_size = max(sample_size, 64 << pq[1])
     sample_size = min(ntotal, max(sample_size, MIN_POINTS_PER_CENTROID * nlist if "{nlist}" in factory else 0))
     sample = _draw_sample(embs, sample_size, seed) if sample_size else np.zeros((0, dim), np.float32)
     trained = train_quantizer(sample, factory=factory, metric=metric, nlist=nlist, seed=seed)
@@ -527,6 +803,9 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     nprobe = int(ivf.nprobe) if ivf is not None else 0
     nlist = int(ivf.nlist) if ivf is not None else 0
     resolved = "Flat" if isinstance(trained, faiss.IndexFlat) else factory.format(nlist=nlist)
+    refine = needs_refine(trained)
+    # Bytes of the lists serving holds: per vector its code (the float vector for Flat) and id.
+    code_size = int(ivf.code_size) if ivf is not None else 4 * dim
     shards = []
     for s in range(n_shards):
         emb_path, ids_path, ivf_path = _shard_files(dense_dir, s)
@@ -538,10 +817,15 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     recall = None
     if ivf is not None and recall_queries and metric == "ip" and ntotal:
         queries = _draw_sample(embs, min(recall_queries, ntotal), seed + 1)
-        recall = round(_recall_at_k(dense_dir, n_shards, queries, 10, nprobe), 4)
+        recall = round(_recall_at_k(dense_dir, n_shards, queries, 10, nprobe,
+                                    k_factor=REFINE_K_FACTOR if refine else None), 4)
         log.info("dense index: recall@10 vs exact = %.4f at nprobe %d", recall, nprobe)
     return {"factory": resolved, "nlist": int(nlist), "nprobe": nprobe, "metric": metric, "dim": int(dim),
             "ntotal": int(ntotal), "counts": counts, "quantizer": "quantizer.faiss", "shards": shards,
             "sample_size": int(len(sample)), "seed": seed, "recall_at_10": recall,
             "recall_nprobe": nprobe if recall is not None else None, "faiss_version": faiss.__version__,
-            "fingerprint": dict(fingerprint) if fingerprint else None}
+            "fingerprint": dict(fingerprint) if fingerprint else None,
+            "memory_budget": int(budget), "list_bytes": int(ntotal * (code_size + 8)),
+            "refine": {"scores": "exact", "k_factor": REFINE_K_FACTOR,
+                       "vectors": "emb-NNNN.npy (float32, memory-mapped), rows of a document by ids-NNNN.npy"}
+            if refine else None}

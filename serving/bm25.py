@@ -144,7 +144,8 @@ class ShardScorer:
     first use (indexes from before they existed).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], avgdl: float, stored_blocks: tuple | None = None):
+    def __init__(self, arrays: dict[str, np.ndarray], avgdl: float, stored_blocks: tuple | None = None,
+                 stored_impacts: tuple | None = None):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
         self.indptr = np.asarray(arrays["indptr"])
         self.docs = np.asarray(arrays["docs"])
@@ -158,6 +159,9 @@ class ShardScorer:
         # (key, (bstart, bmax, tmax, tkth, blast)) block maxima the build stored (load_block_maxima),
         # used by BM25Retriever._blocks when the key matches; None: computed on first use.
         self.stored_blocks = stored_blocks
+        # (key, float32 impact per posting) the build stored (load_impacts), used by
+        # BM25Retriever._impacts32 when the key matches; None: the exhaustive kernels use the grid.
+        self.stored_impacts = stored_impacts
         self._norms = None
         self._min_norm = None
         self._lucene_dl = None

@@ -12,6 +12,13 @@ filter applies unchanged. A document's score is its best passage's (MaxP): the p
 search goes deep enough that k distinct documents come out of it (:meth:`DenseIndex.search_vectors`),
 and the passage that scored is found again from the stored vectors (:meth:`DenseIndex.best_passage`).
 
+IVF-PQ (built above the dense memory budget, ``pipelines.vectors``): PQ scores are
+approximate, so the search takes a shortlist of ``k_factor`` times the documents wanted and
+re-scores each exactly from the float vectors on disk (``ExactScorer``: MaxP over all its
+passages, from ``dense/emb-NNNN.npy`` memory-mapped). Every returned score is exact, so the
+results have the shape and the scores an IVF-Flat index gives; only a document the PQ
+shortlist missed can be absent.
+
 Thread-safe once opened: shard indexes are read-only (``nprobe`` is passed per search,
 never set on the shared index) and the query-embedding LRU cache is lock-protected.
 """
@@ -28,7 +35,7 @@ import numpy as np
 
 from funnel.pipelines.artifacts import IndexFormatError
 from funnel.pipelines.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name
-from funnel.pipelines.vectors import read_index, search_shards
+from funnel.pipelines.vectors import REFINE_K_FACTOR, ExactScorer, first_distinct, read_index, search_shards
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +102,13 @@ class DenseIndex:
         gains nothing on an idle machine and, when cores are contended, its fork/join
         made single-query IVF search 7x slower here (86 vs 642 q/s at nprobe 64,
         100K x 384, 4 shards). ``None`` keeps faiss's setting; batches always do.
+    scorer : ExactScorer, optional
+        Re-scores a shortlist exactly (an IVF-PQ index; ``None`` for Flat and IVF-Flat).
     """
 
     def __init__(self, indexes: list, provider: EmbeddingProvider, nprobe: int | None = None,
-                 cache_size: int = 1024, single_query_threads: int | None = 1, passages: "Passages | None" = None):
+                 cache_size: int = 1024, single_query_threads: int | None = 1, passages: "Passages | None" = None,
+                 scorer: ExactScorer | None = None):
         if not indexes:
             raise ValueError("DenseIndex needs at least one shard index")
         dims = {ix.d for ix in indexes}
@@ -112,6 +122,7 @@ class DenseIndex:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.passages = passages
+        self.scorer = scorer
         # Passages searched per document wanted: enough for k distinct documents in one search
         # most of the time (deeper searches follow when not); 1 where a document is one vector.
         self.depth_factor = 1 if passages is None or passages.max_per_doc <= 1 else \
@@ -159,8 +170,17 @@ class DenseIndex:
         if manifest_dense.get("passages") and passages is None:
             passages = Passages.open(os.path.dirname(os.path.abspath(dense_dir)), shards,
                                      [ix.ntotal for ix in indexes])
+        scorer = None
+        refine = manifest_dense.get("refine")
+        if refine:
+            from .structure import check_dense_vectors
+            scorer = ExactScorer.open(dense_dir, len(shards), metric=manifest_dense.get("metric", "ip"),
+                                      k_factor=int(refine.get("k_factor") or REFINE_K_FACTOR), shards=shards)
+            version_dir = os.path.dirname(os.path.abspath(dense_dir))
+            for sh, emb, ids in zip(shards, scorer.embs, scorer.ids):
+                check_dense_vectors(version_dir, "dense", sh, emb, ids, int(provider.dim))
         return cls(indexes, provider, nprobe=nprobe, cache_size=cache_size,
-                   single_query_threads=single_query_threads, passages=passages)
+                   single_query_threads=single_query_threads, passages=passages, scorer=scorer)
 
     @property
     def ntotal(self) -> int:
@@ -192,29 +212,34 @@ class DenseIndex:
         distinct documents of the passage ranking are the top ``k`` by MaxP. A search too
         shallow for ``k`` distinct documents is repeated 4x deeper, until there are ``k`` or
         the index has no more (fewer passages came back than were asked for).
+
+        With a ``scorer`` (IVF-PQ) the same search collects ``scorer.shortlist(k)`` distinct
+        documents by PQ score, and the best ``k`` of them by exact score are returned.
         """
-        if self.depth_factor == 1:
+        if self.depth_factor == 1 and self.scorer is None:
             return self._search_raw(vectors, k, nprobe)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        want = k if self.scorer is None else self.scorer.shortlist(k)
         nq = len(vectors)
-        out_s = np.full((nq, k), -np.inf, dtype=np.float32)
-        out_i = np.full((nq, k), -1, dtype=np.int64)
+        out_s = np.full((nq, want), -np.inf, dtype=np.float32)
+        out_i = np.full((nq, want), -1, dtype=np.int64)
         todo = np.arange(nq)
-        depth = min(self.ntotal, k * self.depth_factor)
+        depth = min(self.ntotal, want * self.depth_factor)
         while len(todo):
             scores, ids = self._search_raw(vectors[todo], max(1, depth), nprobe)
             again = []
             for row, q in enumerate(todo.tolist()):
-                valid = ids[row] >= 0
-                n_valid = int(valid.sum())
-                first = np.sort(np.unique(ids[row][:n_valid], return_index=True)[1])[:k]
-                if len(first) < k and n_valid >= depth and depth < self.ntotal:
+                n_valid = int((ids[row] >= 0).sum())
+                first = first_distinct(ids[row], want)
+                if len(first) < want and n_valid >= depth and depth < self.ntotal:
                     again.append(q)
                     continue
                 out_i[q, :len(first)] = ids[row][first]
                 out_s[q, :len(first)] = scores[row][first]
             todo = np.asarray(again, dtype=np.int64)
             depth = min(self.ntotal, depth * 4)
+        if self.scorer is not None:
+            return self.scorer.rerank(vectors, out_i, k)
         return out_s, out_i
 
     def _search_raw(self, vectors: np.ndarray, k: int, nprobe: int | None) -> tuple[np.ndarray, np.ndarray]:

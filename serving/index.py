@@ -28,7 +28,7 @@ from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, verify_version,
                                         version_parts)
-from funnel.pipelines.postings import load_block_maxima, load_shard
+from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
@@ -370,9 +370,9 @@ class IndexVersion:
         for s in range(self.n_shards):  # each checked before a kernel may read it (serving.structure)
             rel = f"lexical/{shard_name(s)}"
             d = os.path.join(self.dir, rel)
-            arrays, blocks = load_shard(d), load_block_maxima(d)
-            check_shard(self.dir, rel, arrays, self.docs.shard_size(s), len(terms), blocks)
-            self.shards.append(ShardScorer(arrays, self.avgdl, blocks))
+            arrays, blocks, impacts = load_shard(d), load_block_maxima(d), load_impacts(d)
+            check_shard(self.dir, rel, arrays, self.docs.shard_size(s), len(terms), blocks, impacts)
+            self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts))
 
 
 def _lease(version_dir: str) -> ReaderLease | None:

@@ -11,6 +11,18 @@ no per-posting impact array and every (k1, b) costs the same. A small index (at 
 values): the exhaustive paths then read one number per posting instead of a tf, a length
 code and a grid cell.
 
+A larger index has the build's float32 impacts for the default (k1, b) (``impacts.npy``,
+``posting_impacts32``), memory-mapped. The exhaustive path reads those (``_search_approx``):
+it sums them in float64, keeps every document within a proven margin of the k-th
+approximate score (``_approx_keep``), and rescores those candidates exactly from their
+postings (``_rescore_shard``), as PISA and JASS rescore their quantized top k: the returned
+documents, scores and ties are float64 term-at-a-time's. Where a query has postings for
+about as many documents as a shard holds, a shard's accumulator is read back by one scan
+(``_accumulate_dense``, ``_offer_dense``) instead of through a list of touched documents,
+whose store per posting waits on the accumulator's load. A query with a pruning threshold
+is pruned only where ``_prune_pays`` expects pruning to beat this exhaustive path; on long
+questions over common terms it cannot skip enough postings to repay its bookkeeping.
+
 Dynamic pruning is MaxScore in term-at-a-time form (Turtle & Flood 1995; Moffat & Zobel's
 "continue" strategy): terms are processed in the caller's order (highest w·idf first);
 each has an upper bound ``w · maxtf / (maxtf + denom[min norm])`` from per-term statistics.
@@ -77,6 +89,20 @@ HEAP_K = 32
 # Block-max pruning prefetches the blocks of this many candidates ahead of the one it looks up
 # (at 1M synthetic documents, k=100, 8 was the fastest of none / 4 / 8 / 16).
 PREFETCH_AHEAD = 8
+# The exhaustive paths score a large shard (``BM25Retriever.dense_min_docs``) without a list
+# of touched documents, reading its accumulator back by one scan, where the query has at least
+# (shard documents / this) postings there (``_is_dense``). The scan and the reset cost ~0.2 ns
+# a document; the list ~0.6 ns a posting plus a random read per document touched. At 1M
+# documents (5 shards) 8 and 32 were both faster than 2 on every workload of
+# bench/bench_workloads.py, within noise of each other.
+DENSE_DIVISOR = 16
+# A query is pruned (block-max) only where the bounds known before reading a posting already
+# rule out this share of its postings (``_prune_pays``). At 1M documents (Zipf and topical
+# corpora, natural-language and short queries, per query, one thread) pruning won 98% of
+# the queries above 0.97, about 70% between 0.93 and 0.97, and under half below 0.9.
+PRUNE_SKIP = 0.92
+# Scores per run that the dense read-back compares with its bar at once (``_offer_dense``).
+SCAN = 64
 # A query's term ids (with repeats) are put in canonical order by insertion up to this many,
 # by sorts above (insertion is quadratic; a query of thousands of terms stays cheap).
 SMALL_SORT = 64
@@ -127,16 +153,16 @@ def block_table(blocks: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, list[
 NO_BLOCKS = np.zeros((0, 10), dtype=np.int64)
 
 
-def impact_table(impacts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+def impact_table(impacts: list[np.ndarray], dtype=np.float64) -> tuple[np.ndarray, list[np.ndarray]]:
     """(imeta, keep): the int64 [S, 2] (address, length) table of each shard's per-posting
-    impacts (:func:`posting_impacts`) for the exhaustive kernels; ``keep`` holds the arrays,
-    which the caller keeps referenced."""
+    impacts (:func:`posting_impacts`, or float32 ones: :func:`posting_impacts32`) for the
+    exhaustive kernels; ``keep`` holds the arrays, which the caller keeps referenced."""
     imeta = np.zeros((len(impacts), 2), dtype=np.int64)
     keep = []
     for s, a in enumerate(impacts):
-        a = np.ascontiguousarray(a, dtype=np.float64)
+        a = np.ascontiguousarray(a, dtype=dtype)
         if len(a) == 0:
-            a = np.zeros(1)[:0]
+            a = np.zeros(1, dtype=dtype)[:0]
         keep.append(a)
         imeta[s] = (a.ctypes.data, len(a))
     return imeta, keep
@@ -944,6 +970,298 @@ if HAVE_NUMBA:
             return np.empty(0)
         return _view(imeta, s, 0, np.float64)
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _impacts32_of(imeta32, s):
+        """Shard s's stored float32 impacts from ``imeta32`` (``impact_table(..., np.float32)``)."""
+        return _view(imeta32, s, 0, np.float32)
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _is_dense(indptr, local, nd, dense_min):
+        """Whether a shard of ``nd`` documents is read back by one scan of its accumulator
+        instead of a list of touched documents: at least ``dense_min`` documents (the list
+        costs little while the accumulator stays in a core's cache) and enough postings of
+        the query there (``DENSE_DIVISOR``)."""
+        if nd < dense_min or dense_min < 0:
+            return False
+        post = 0
+        for i in range(local.shape[0]):
+            if local[i] >= 0:
+                post += indptr[local[i] + 1] - indptr[local[i]]
+        return post * DENSE_DIVISOR >= nd
+
+    @njit(cache=True, nogil=True)
+    def _total_postings(meta, gids):
+        """The query's postings over every shard."""
+        local = np.empty(gids.shape[0], dtype=np.int64)
+        post = 0
+        for s in range(meta.shape[0]):
+            if _local_terms(_view(meta, s, 3, np.int32), gids, local):
+                indptr = _view(meta, s, 0, np.int64)
+                for i in range(local.shape[0]):
+                    if local[i] >= 0:
+                        post += indptr[local[i] + 1] - indptr[local[i]]
+        return post
+
+    @njit(cache=True, nogil=True)
+    def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, imp):
+        """:func:`_accumulate` without the list of touched documents (read back by a scan of
+        the whole accumulator instead: ``_offer_dense``, ``_approx_offer``). Keeping that
+        list costs a store per posting whose address waits on the accumulator's load, so a
+        query with about as many postings as the shard has documents pays more for it than
+        for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
+        bits as the grid's) or float32 (stored; approximate sums, rescored after); empty:
+        from the grid. Same order of additions as ``_accumulate``."""
+        stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
+        for i in range(local.shape[0]):
+            li = local[i]
+            if li < 0:
+                continue
+            w = weights[i]
+            for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+                d = np.uint64(docs[p])
+                if stored:
+                    v = np.float64(imp[p])
+                else:
+                    tf = np.uint64(tfs[p])
+                    c = np.uint64(code[d])
+                    if tf < ucap:
+                        v = itab[tf * nt + c]
+                    else:
+                        x = np.float64(tf)
+                        v = x / (x + table[c])
+                acc[d] += w * v
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _offer_one(bv, br, bd, n, tv, tr, k, v, r, d):
+        """Offer one positive (score v, id rank r, docno d) to a ``_new_top`` collector, as
+        ``_offer_scores`` offers each of its documents; returns (n, tv, tr)."""
+        if bv.shape[0] == k:  # heap mode
+            if n < k or v > bv[0] or (v == bv[0] and r < br[0]):
+                n = _heap_push(bv, br, bd, n, v, r, d)
+            return n, tv, tr
+        if v > tv or (v == tv and r <= tr):
+            bv[n] = v
+            br[n] = r
+            bd[n] = d
+            n += 1
+            if n == bv.shape[0]:
+                tv, tr = _compact_top(bv, br, bd, n, k)
+                n = k
+        return n, tv, tr
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _any_at_least(acc, j0, j1, bar):
+        """Whether any of acc[j0:j1] is >= bar. A whole run (``SCAN`` entries) is a count of
+        compares with a constant trip count and unsigned indices, which LLVM vectorizes:
+        ~0.1 ns a score, where branching on each, a run of variable length or signed indices
+        (a wraparound check per access) cost 4-15 times that."""
+        if j1 - j0 < SCAN:
+            return True  # the shard's last, partial run: read score by score
+        hit = 0
+        b = np.uint64(j0)
+        for j in range(np.uint64(SCAN)):
+            hit += np.int64(acc[b + j] >= bar)
+        return hit > 0
+
+    @njit(cache=True, nogil=True)
+    def _offer_dense(acc, rank, base, bv, br, bd, n, tv, tr, k):
+        """Offer every positive score in ``acc`` (one per document of the shard, read in
+        order) to a ``_new_top`` collector as docno ``base | id``, then zero ``acc``; returns
+        (n, tv, tr). ``SCAN`` scores at a time are compared with the collector's bar at once
+        (most runs have none that pass), and only a run with one is offered score by score."""
+        heap = bv.shape[0] == k
+        nd = acc.shape[0]
+        for j0 in range(0, nd, SCAN):
+            j1 = min(j0 + SCAN, nd)
+            bar = (bv[0] if n == k else 5e-324) if heap else tv  # positive: zeros never pass
+            if not _any_at_least(acc, j0, j1, bar):
+                continue
+            for j in range(np.uint64(j0), np.uint64(j1)):
+                v = acc[j]
+                if v >= bar:
+                    n, tv, tr = _offer_one(bv, br, bd, n, tv, tr, k, v, rank[j], base | np.int64(j))
+                    bar = (bv[0] if n == k else 5e-324) if heap else tv
+        acc[:] = 0.0
+        return n, tv, tr
+
+    @njit(cache=True, nogil=True)
+    def _approx_keep(T):
+        """The factor c such that a document whose approximate score (float32 impacts summed
+        in float64, ``T`` terms, positive weights) is below c times the k-th largest
+        approximate score cannot be in the exact top k. Each stored impact is within 2^-24
+        (relative) of its float64 value and each of the two sums rounds T times at 2^-53,
+        so both sums lie within delta = 2^-24 + 3·T·2^-53 of each other, relative; delta is
+        taken twice that. k documents approximate at least theta, so the exact k-th score is
+        at least theta / (1 + delta), and a document that reaches it approximates at least
+        theta · (1 - delta) / (1 + delta)."""
+        delta = 2.0 ** -23 + (T + 1) * 2.0 ** -50
+        return (1.0 - delta) / (1.0 + delta)
+
+    @njit(cache=True, nogil=True)
+    def _approx_compact(av, ad, n, bar, k, c):
+        """Raise ``bar`` to ``c`` times the k-th largest of ``av[:n]`` and keep, in place,
+        the entries at or above it (``_approx_keep``: none of the exact top k is dropped);
+        returns (n, bar)."""
+        if n >= k:
+            bar = max(bar, _kth_vals(av, n, k, 0.0) * c)
+        j = 0
+        for i in range(n):
+            if av[i] >= bar:
+                av[j] = av[i]
+                ad[j] = ad[i]
+                j += 1
+        return j, bar
+
+    @njit(cache=True, nogil=True)
+    def _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c):
+        """Append (approximate score, docno ``base | id``) of each document at or above
+        ``bar`` (positive) to the candidate buffer ``av, ad`` from entry ``j`` on: every
+        document of the shard where ``m < 0`` (``acc`` read in order, ``SCAN`` at a time as
+        ``_offer_dense`` reads it; the caller zeroes it after), else ``ids[:m]`` (zeroing
+        each score read). A full buffer is compacted (``_approx_compact``). Returns (next
+        entry, n, bar): it stops early, after a compaction that left the buffer over half
+        full (near-ties), for the caller to grow it (``_approx_offer``)."""
+        end = acc.shape[0] if m < 0 else m
+        cap = av.shape[0]
+        while j < end:
+            j1 = min((j // SCAN + 1) * SCAN, end)
+            if m < 0 and not _any_at_least(acc, j, j1, bar):
+                j = j1
+                continue
+            for x in range(j, j1):
+                d = np.uint64(x) if m < 0 else np.uint64(ids[x])  # unsigned: no wraparound check
+                v = acc[d]
+                if m >= 0:
+                    acc[d] = 0.0
+                if v >= bar:
+                    av[n] = v
+                    ad[n] = base | np.int64(d)
+                    n += 1
+                    if n == cap:
+                        n, bar = _approx_compact(av, ad, n, bar, k, c)
+                        if 2 * n > cap:
+                            return x + 1, n, bar
+            j = j1
+        return end, n, bar
+
+    @njit(cache=True, nogil=True)
+    def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c):
+        """:func:`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
+        leaves ``acc`` zeroed; returns (av, ad, n, bar)."""
+        j = 0
+        end = acc.shape[0] if m < 0 else m
+        while True:
+            j, n, bar = _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c)
+            if j >= end:
+                if m < 0:
+                    acc[:] = 0.0
+                return av, ad, n, bar
+            nav = np.empty(2 * av.shape[0])
+            nad = np.empty(2 * av.shape[0], dtype=np.int64)
+            nav[:n] = av[:n]
+            nad[:n] = ad[:n]
+            av, ad = nav, nad
+
+    @njit(cache=True, nogil=True)
+    def _find_all(docs, lo, hi, ids, pos):
+        """``pos[j]``: the position of ``ids[j]`` in ``docs[lo:hi]`` (ascending), or -1. All the
+        binary searches advance one halving at a time together and without branches: the
+        probes of one halving are independent loads (most of them cache misses) that the CPU
+        overlaps, where searching one id after another waits on each probe in turn."""
+        m = ids.shape[0]
+        n = hi - lo
+        if n <= 0:
+            pos[:] = -1
+            return
+        base = np.full(m, lo, dtype=np.int64)
+        while n > 1:
+            half = n >> 1
+            for j in range(m):
+                b = base[j]
+                base[j] = b + half if docs[b + half] < ids[j] else b
+            n -= half
+        for j in range(m):
+            b = base[j]
+            p = b + 1 if docs[b] < ids[j] else b
+            pos[j] = p if p < hi and docs[p] == ids[j] else -1
+
+    @njit(cache=True, nogil=True)
+    def _rescore_shard(indptr, docs, tfs, code, table, itab, cap, local, weights, ids, rank, base,
+                       bv, br, bd, n, tv, tr, k):
+        """The exact scores of one shard's documents ``ids`` (ascending), offered to a
+        ``_new_top`` collector; returns (n, tv, tr). Each term's posting of a document is
+        found by lookup and its impact computed as ``_accumulate`` computes it, added from
+        0.0 in the canonical order: the bits exhaustive scoring gives. Term by term, all the
+        candidates' lookups of one term together (``_find_all``)."""
+        sc = np.zeros(ids.shape[0])
+        pos = np.empty(ids.shape[0], dtype=np.int64)
+        for i in range(local.shape[0]):
+            li = local[i]
+            if li < 0:
+                continue
+            _find_all(docs, indptr[li], indptr[li + 1], ids, pos)
+            w = weights[i]
+            for j in range(ids.shape[0]):
+                p = pos[j]
+                if p >= 0:
+                    sc[j] += w * _impact(tfs[p], code[ids[j]], table, itab, cap)
+        for j in range(ids.shape[0]):
+            n, tv, tr = _offer_one(bv, br, bd, n, tv, tr, k, sc[j], rank[ids[j]], base | ids[j])
+        return n, tv, tr
+
+    @njit(cache=True, nogil=True)
+    def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab, cap, gids,
+                       weights, k):
+        """``search_shards_plain`` over stored float32 impacts (positive weights): every
+        shard's approximate scores into one candidate buffer whose bar is ``_approx_keep``
+        times its k-th best, then the survivors (the k best and their near-ties) rescored
+        exactly (``_rescore_shard``) and ranked: the same documents and bits as exhaustive
+        float64 scoring, at 4 bytes a posting read instead of a tf, a length code and a
+        table cell."""
+        local = np.empty(gids.shape[0], dtype=np.int64)
+        c = _approx_keep(gids.shape[0])
+        av = np.empty(4 * k + 16)
+        ad = np.empty(4 * k + 16, dtype=np.int64)
+        n = 0
+        bar = 5e-324  # the smallest positive float: any positive score passes
+        for s in range(meta.shape[0]):
+            if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+                continue
+            lo, hi = doc_off[s], doc_off[s + 1]
+            nd = hi - lo  # scored in acc[:nd], as in search_shards
+            indptr = _view(meta, s, 0, np.int64)
+            docs = _view(meta, s, 1, np.int32)
+            tfs = _view(meta, s, 2, np.int32)
+            code = _view(meta, s, 5, code_proto.dtype)
+            imp = _impacts32_of(imeta32, s)
+            if _is_dense(indptr, local, nd, dense_min):
+                _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], imp)
+                av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c)
+            else:
+                m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
+                                0, imp)
+                av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c)
+        n, bar = _approx_compact(av, ad, n, bar, k, c)
+        cand = np.sort(ad[:n])
+        bv, br, bd, tv, tr = _new_top(k)
+        nn = 0
+        j = 0
+        while j < n:
+            s = cand[j] >> 32
+            e = j
+            while e < n and (cand[e] >> 32) == s:
+                e += 1
+            _local_terms(_view(meta, s, 3, np.int32), gids, local)
+            lo, hi = doc_off[s], doc_off[s + 1]
+            nn, tv, tr = _rescore_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
+                                        _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
+                                        cap, local, weights, cand[j:e] & np.int64(0xFFFFFFFF), id_rank[lo:hi],
+                                        np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
+            j = e
+        return _top_sorted(bv, br, bd, nn, k)
+
     @njit(cache=True, nogil=True)
     def place_postings(tids, docs, tfs, indptr):
         """(docs, tfs) with each posting moved to its term's next free slot (``indptr[t]``
@@ -960,13 +1278,24 @@ if HAVE_NUMBA:
         return out_d, out_t
 
     @njit(cache=True, nogil=True)
-    def posting_impacts(docs, tfs, code, table, itab):
-        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it."""
+    def _fill_impacts(docs, tfs, code, table, itab, out):
+        """Each posting's impact into ``out`` (float64, or rounded to float32 by the store)."""
         cap = itab.shape[0] // table.shape[0]
-        out = np.empty(docs.shape[0])
         for p in range(docs.shape[0]):
             out[p] = _impact(np.int64(tfs[p]), code[docs[p]], table, itab, cap)
         return out
+
+    @njit(cache=True, nogil=True)
+    def posting_impacts(docs, tfs, code, table, itab):
+        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it."""
+        return _fill_impacts(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
+
+    @njit(cache=True, nogil=True)
+    def posting_impacts32(docs, tfs, code, table, itab):
+        """:func:`posting_impacts` rounded to float32 (the nearest float32 of each float64
+        impact): what the build stores (``impacts.npy``) for the exhaustive kernels'
+        approximate pass, whose candidates are then rescored exactly (``_rescore_shard``)."""
+        return _fill_impacts(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=np.float32))
 
     @njit(cache=True, nogil=True)
     def _local_terms(term_gid, gids, local):
@@ -978,8 +1307,53 @@ if HAVE_NUMBA:
         return found
 
     @njit(cache=True, nogil=True)
-    def search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k,
-                      prune_min, stats):
+    def _prune_pays(meta, bmeta, gids, weights, k):
+        """Whether block-max pruning is expected to beat exhaustive scoring for this query:
+        where, in the first shard holding one of its terms, the bounds known before any
+        posting is read (``theta`` from ``_theta_from_blocks``, each term's blocks against
+        the bounds of the terms after it, as ``_score_shard_blocks`` tests them) already rule
+        out at least ``PRUNE_SKIP`` of the query's postings. Below that, the postings pruning
+        still reads cost it more (touched lists, candidate lookups, theta refreshes) than
+        exhaustive scoring spends on all of them: on a long question over common terms it
+        skips next to nothing. Reads one shard's block maxima of the query's terms (1/64 of
+        its postings there)."""
+        local = np.empty(gids.shape[0], dtype=np.int64)
+        s = 0
+        while s < meta.shape[0] and not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+            s += 1
+        if s == meta.shape[0]:
+            return False
+        theta = _theta_from_blocks(_view(bmeta, s, 3, np.float64), local, weights, k)
+        if theta <= 0.0:
+            return False
+        indptr = _view(meta, s, 0, np.int64)
+        bstart = _view(bmeta, s, 0, np.int64)
+        bmax = _view(bmeta, s, 1, np.float64)
+        tmax = _view(bmeta, s, 2, np.float64)
+        T = local.shape[0]
+        rest = np.zeros(T + 1)  # as _score_shard_blocks computes it
+        for i in range(T - 1, -1, -1):
+            ub = weights[i] * tmax[local[i]] if local[i] >= 0 else 0.0
+            rest[i] = rest[i + 1] + ub * (1.0 + 1e-9) + 1e-12
+        post = 0
+        skip = 0
+        for i in range(T):
+            li = local[i]
+            if li < 0:
+                continue
+            n = indptr[li + 1] - indptr[li]
+            post += n
+            need = theta - rest[i + 1]
+            w = weights[i]
+            b0 = bstart[li]
+            for blk in range(bstart[li + 1] - b0):
+                if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 < need:
+                    skip += min(BLOCK, n - blk * BLOCK)
+        return skip >= PRUNE_SKIP * post
+
+    @njit(cache=True, nogil=True)
+    def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
+                      touched, table, itab, gids, weights, k, prune_min, stats):
         """Top ``k`` over all shards: (docnos ``shard << 32 | local``, scores), best first,
         ties by ``id_rank`` ascending.
 
@@ -1002,8 +1376,14 @@ if HAVE_NUMBA:
         and the postings of the terms left to candidates there (racy counters, for tests
         and benchmarks). ``bmeta`` (``block_table``; ``NO_BLOCKS`` for none) holds each
         shard's block maxima: where given, pruning shards use ``_score_shard_blocks``
-        (``prune_min == 0`` makes it prune wherever the bounds allow, for tests).
+        (``prune_min == 0`` makes it prune wherever the bounds allow, for tests), and a
+        query that ``_prune_pays`` judges not worth pruning goes to
+        :func:`search_shards_plain` (with ``imeta``, ``imeta32``, ``rescore_min`` and
+        ``dense_min``, as that takes them).
         """
+        if prune_min > 0 and bmeta.shape[0] > 0 and not _prune_pays(meta, bmeta, gids, weights, k):
+            return search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
+                                       acc, touched, table, itab, gids, weights, k)
         S = meta.shape[0]
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
@@ -1044,14 +1424,26 @@ if HAVE_NUMBA:
         return _heap_sorted(hv, hr, hd, n)
 
     @njit(cache=True, nogil=True)
-    def search_shards_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, weights, k):
+    def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
+                            touched, table, itab, gids, weights, k):
         """``search_shards`` with ``prune_min = -1`` (exhaustive term-at-a-time over every
         shard; the same results), in a function that leaves the pruning code out: numba
         compiles it in less than half the time ``search_shards`` takes on a fresh install, so a corpus
         whose queries never reach the pruning threshold never compiles pruning at all
         (``BM25Retriever`` chooses). ``imeta`` (``impact_table``; ``NO_IMPACTS`` for none):
-        each shard's per-posting impacts, read instead of computed where given."""
+        each shard's per-posting impacts, read instead of computed where given. ``imeta32``
+        (``impact_table(..., np.float32)``; ``NO_IMPACTS`` for none): the stored float32
+        impacts of the parameters in use, read (``_search_approx``) where there are no
+        float64 ones, every weight is positive and the query has at least ``rescore_min``
+        postings per (k, term) pair (the exact rescoring of about k candidates looks up each
+        term once per candidate; 0: always, -1: never). A shard of at least ``dense_min``
+        documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
+        read back by one scan of its accumulator (``_is_dense``)."""
         cap = itab.shape[0] // table.shape[0]
+        if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
+                weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
+            return _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab,
+                                  cap, gids, weights, k)
         local = np.empty(gids.shape[0], dtype=np.int64)
         bv, br, bd, tv, tr = _new_top(k)
         n = 0
@@ -1060,7 +1452,14 @@ if HAVE_NUMBA:
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
             nd = hi - lo  # scored in acc[:nd], as in search_shards
-            m = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
+            indptr = _view(meta, s, 0, np.int64)
+            if _is_dense(indptr, local, nd, dense_min):
+                _accumulate_dense(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
+                                  _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
+                                  _impacts_of(imeta, s))
+                n, tv, tr = _offer_dense(acc[:nd], id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, n, tv, tr, k)
+                continue
+            m = _accumulate(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
                             _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
                             touched[:nd + 1], 0, _impacts_of(imeta, s))
             n, tv, tr = _offer_scores(acc[:nd], touched[:nd + 1], m, id_rank[lo:hi], np.int64(s) << 32,
@@ -1068,8 +1467,8 @@ if HAVE_NUMBA:
         return _top_sorted(bv, br, bd, n, k)
 
     @njit(cache=True, nogil=True)
-    def search_batch_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
-                           out_pos, out_score, out_n):
+    def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
+                           table, itab, idf, qptr, qgids, k, out_pos, out_score, out_n):
         """``search_batch`` with ``prune_min = -1`` through :func:`search_shards_plain`."""
         for q in range(qptr.shape[0] - 1):
             a, b = qptr[q], qptr[q + 1]
@@ -1077,8 +1476,8 @@ if HAVE_NUMBA:
             if b == a:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
-            dn, sc = search_shards_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids,
-                                         ws, k)
+            dn, sc = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
+                                         acc, touched, table, itab, gids, ws, k)
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
@@ -1098,8 +1497,9 @@ if HAVE_NUMBA:
         return gids, ws
 
     @njit(cache=True, nogil=True)
-    def search_batch_weighted(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr,
-                              qsplit, qgids, qraw, k, prune_min, stats, out_pos, out_score, out_n):
+    def search_batch_weighted(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
+                              touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, prune_min, stats, out_pos,
+                              out_score, out_n):
         """Many weighted queries in one call, each exactly as ``search_shards`` answers it
         through ``search_arrays``: query ``q``'s distinct terms are ``qgids[qptr[q]:qptr[q + 1]]``
         with weights ``qraw`` (before idf; zeros dropped), those before ``qsplit[q]`` scored
@@ -1109,20 +1509,21 @@ if HAVE_NUMBA:
             gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
             if gids.shape[0] == 0:
                 continue
-            dn, sc = search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
-                                   prune_min if ws.min() > 0 else -1, stats)
+            dn, sc = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
+                                   acc, touched, table, itab, gids, ws, k, prune_min if ws.min() > 0 else -1, stats)
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
-    def search_batch_weighted_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr,
-                                    qsplit, qgids, qraw, k, out_pos, out_score, out_n):
+    def search_batch_weighted_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
+                                    touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, out_pos, out_score,
+                                    out_n):
         """``search_batch_weighted`` through :func:`search_shards_plain`."""
         for q in range(qptr.shape[0] - 1):
             out_n[q] = 0
             gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
             if gids.shape[0] > 0:
-                dn, sc = search_shards_plain(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab,
-                                             gids, ws, k)
+                dn, sc = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
+                                             id_rank, acc, touched, table, itab, gids, ws, k)
                 _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
@@ -1133,8 +1534,8 @@ if HAVE_NUMBA:
         return _canonical(ug, cnt, idf)
 
     @njit(cache=True, nogil=True)
-    def search_batch(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
-                     prune_min, stats, out_pos, out_score, out_n):
+    def search_batch(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
+                     table, itab, idf, qptr, qgids, k, prune_min, stats, out_pos, out_score, out_n):
         """Many queries in one call, each exactly as ``search_shards`` answers it.
 
         Query ``q``'s analyzed terms are the global ids ``qgids[qptr[q]:qptr[q + 1]]`` (repeats
@@ -1149,8 +1550,8 @@ if HAVE_NUMBA:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
             pm = prune_min if ws.min() > 0 else -1
-            dn, sc = search_shards(meta, bmeta, code_proto, doc_off, id_rank, acc, touched, table, itab, gids, ws, k,
-                                   pm, stats)
+            dn, sc = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
+                                   acc, touched, table, itab, gids, ws, k, pm, stats)
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
 
     @njit(cache=True, nogil=True)
@@ -1475,4 +1876,5 @@ else:
     block_maxima = None
     sira_batch = None
     posting_impacts = None
+    posting_impacts32 = None
     place_postings = None

@@ -7,8 +7,10 @@ Ties are broken by doc_id, so a sharded index returns exactly an unsharded one's
 Terms are scored in one canonical order (w·idf descending, then global term id), the same
 on every path, so a document's score is the same float sum whichever path computes it:
 the compiled kernel (``kernels.search_shards``: all shards in one call, MaxScore pruning
-when every weight is positive) or the NumPy reference (``ShardScorer.top_candidates`` per
-shard, then a merge), which runs where numba is absent or ``use_kernel`` is off.
+when every weight is positive and the bounds promise enough skipping, else exhaustive
+scoring over the build's float32 impacts with the candidates rescored exactly) or the NumPy
+reference (``ShardScorer.top_candidates`` per shard, then a merge), which runs where numba
+is absent or ``use_kernel`` is off.
 
 ``search_texts`` answers a batch of query texts (``Searcher.search_batch``): analysis into
 global term ids per distinct whitespace chunk (cached), then every query in one compiled
@@ -45,11 +47,14 @@ class _Kernels:
 kernels = _Kernels()
 _DEFAULT = BM25Params()
 PRUNE_MIN_POSTINGS = 30_000  # see BM25Retriever.prune_min_postings
+RESCORE_MIN_POSTINGS = 64  # see BM25Retriever.rescore_min_postings
+DENSE_MIN_DOCS = 65_536  # see BM25Retriever.dense_min_docs
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
 # An index with at most this many postings keeps each posting's impact (8 bytes a posting, so
 # at most 64 MB per (k1, b), for the last two in use): the exhaustive kernels then read one
-# float per posting instead of a tf, a length code and a grid cell. Larger indexes keep the
-# grid (pruning reads the postings anyway).
+# float per posting instead of a tf, a length code and a grid cell. Larger indexes read the
+# build's float32 impacts for the default parameters (``_impacts32``: memory-mapped, rescored
+# exactly), and the grid for others.
 IMPACT_POSTINGS = 8_000_000
 
 
@@ -72,6 +77,21 @@ def block_maxima_key(avgdl: float) -> dict:
     return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
             "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS],
             "arrays": [name.removesuffix(".npy") for name in BLOCK_FILES]}
+
+
+def impacts_key(avgdl: float) -> dict:
+    """What stored per-posting impacts were computed for: the default BM25 parameters, the
+    collection's avgdl and the dtype. Serving reads a shard's ``impacts.npy`` only when this
+    matches exactly, and only for the default parameters (an override computes its own)."""
+    return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
+            "dtype": "float32"}
+
+
+def default_impacts(docs, tfs, norms, avgdl: float) -> np.ndarray:
+    """``kernels.posting_impacts32`` of one shard for the default parameters, as the build
+    stores them (``pipelines.postings.write_impacts``)."""
+    den, itab = impact_tables(_DEFAULT, avgdl, 255)
+    return kernels.posting_impacts32(docs, tfs, norms, den, itab)
 
 
 def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:
@@ -107,6 +127,18 @@ class BM25Retriever:
         # (bench/RESULTS.md, "Notes: figures moved from code comments"). 0 prunes wherever
         # the bounds allow (tests).
         self.prune_min_postings = PRUNE_MIN_POSTINGS
+        # The exhaustive kernels read the stored float32 impacts (``_impacts32``) and rescore
+        # their candidates exactly where a query has at least this many postings per (k, term)
+        # pair: the rescoring looks up each term once per candidate, about k of them, which a
+        # query with fewer postings does not repay. 0: wherever stored (tests); -1: never.
+        self.rescore_min_postings = RESCORE_MIN_POSTINGS
+        # The exhaustive kernels read a shard of at least this many documents back by one scan
+        # of its accumulator where the query's postings there cover enough of it
+        # (``kernels.DENSE_DIVISOR``), instead of through a list of the documents it touched:
+        # keeping the list costs a store per posting that waits on the accumulator's load,
+        # a cache miss once the accumulator (8 bytes a document) outgrows a core's cache.
+        # On SciFact-sized shards the list is cheaper. 0: wherever dense enough (tests); -1: never.
+        self.dense_min_docs = DENSE_MIN_DOCS
         # False: every query takes the NumPy reference path (same rankings and scores), as
         # where numba is absent; for a process that answers one query (``Searcher(kernels=)``).
         self.kernels = True
@@ -116,6 +148,7 @@ class BM25Retriever:
         self._block_args = None  # (bmeta, arrays it points into): see _blocks
         self._tables: dict[BM25Params, np.ndarray] = {}
         self._impact_args: dict[BM25Params, tuple] = {}  # (imeta, arrays it points into): see _impacts
+        self._impact32_args = None  # (imeta32, stored arrays it points into): see _impacts32
         self._tls = threading.local()
         self._lock = threading.Lock()
         # Whitespace-delimited chunk of ASCII query text -> global ids of its analyzed terms
@@ -201,6 +234,31 @@ class BM25Retriever:
                     self._impact_args[params] = got
         return got
 
+    def _plain_args(self, params: BM25Params) -> tuple:
+        """(imeta, imeta32, rescore_min, dense_min, keep): what the kernels' exhaustive path
+        takes after the shard table (``kernels.search_shards_plain``), and the arrays
+        ``imeta`` points into, which the caller holds while the kernel runs."""
+        imeta, keep = self._impacts(params)
+        return imeta, self._impacts32(params), self.rescore_min_postings, self.dense_min_docs, keep
+
+    def _impacts32(self, params: BM25Params) -> np.ndarray:
+        """``imeta32`` for the exhaustive kernels: every shard's stored float32 impacts
+        (``impacts.npy``) where ``params`` are the default ones and every shard stored them for
+        this collection's avgdl (``impacts_key``), else ``kernels.NO_IMPACTS``. Memory-mapped:
+        their pages are the page cache's, shared by every process serving the index."""
+        if params != _DEFAULT:
+            return kernels.NO_IMPACTS
+        if self._impact32_args is None:
+            with self._lock:
+                if self._impact32_args is None:
+                    want = impacts_key(self.index.avgdl)
+                    stored = [s.stored_impacts for s in self.index.shards]
+                    if stored and all(x is not None and x[0] == want for x in stored):
+                        self._impact32_args = kernels.impact_table([x[1] for x in stored], np.float32)
+                    else:
+                        self._impact32_args = (kernels.NO_IMPACTS, [])
+        return self._impact32_args[0]
+
     def _table(self, params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
         """(denominator per length code, impact grid for tf < IMPACT_TFS) for ``params``."""
         t = self._tables.get(params)
@@ -285,15 +343,14 @@ class BM25Retriever:
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
             den, itab = self._table(params)
+            ex = self._plain_args(params)  # held while the kernel runs
             if self._batch_may_prune(qptr, qgids):
-                kernels.search_batch(meta, self._blocks(params), proto, doc_off, id_rank, acc, touched, den, itab,
-                                     self.index.idf,
+                kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                     itab, self.index.idf,
                                      qptr, qgids, k, self.prune_min_postings, self.prune_stats, pos, score, cnt)
             else:
-                imp = self._impacts(params)
-                kernels.search_batch_plain(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab,
-                                           self.index.idf,
-                                           qptr, qgids, k, pos, score, cnt)
+                kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
+                                           self.index.idf, qptr, qgids, k, pos, score, cnt)
             return pos, score, cnt
         return self._rows([(dict(self.query_terms(text)), None) for text in texts], k, params, (pos, score, cnt))
 
@@ -342,13 +399,13 @@ class BM25Retriever:
         meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
         acc, touched = self._buffers()
         den, itab = self._table(params)
+        ex = self._plain_args(params)  # held while the kernel runs
         if self._batch_may_prune(qptr, qgids):
-            kernels.search_batch_weighted(meta, self._blocks(params), proto, doc_off, id_rank, acc, touched, den,
-                                          itab, self.index.idf, qptr, qsplit, qgids, qraw, k,
+            kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched,
+                                          den, itab, self.index.idf, qptr, qsplit, qgids, qraw, k,
                                           self.prune_min_postings, self.prune_stats, *out)
         else:
-            imp = self._impacts(params)
-            kernels.search_batch_weighted_plain(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab,
+            kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
                                                 self.index.idf, qptr, qsplit, qgids, qraw, k, *out)
         return out
 
@@ -405,12 +462,12 @@ class BM25Retriever:
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
             den, itab = self._table(params)
+            ex = self._plain_args(params)  # held while the kernel runs
             if not self._may_prune(int(np.asarray(self.index.df)[gids].sum())):
-                imp = self._impacts(params)
-                return kernels.search_shards_plain(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab,
+                return kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
                                                    gids, ws, k)
-            return kernels.search_shards(meta, self._blocks(params), proto, doc_off, id_rank, acc, touched, den,
-                                         itab, gids, ws, k,
+            return kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched,
+                                         den, itab, gids, ws, k,
                                          self.prune_min_postings if ws.min() > 0 else -1, self.prune_stats)
         return self._search_reference(gids, ws, k, params)
 

@@ -29,9 +29,13 @@ What is checked, per shard (``pipelines.postings`` describes the files):
   at 0, each term holding exactly ceil(postings / block) blocks, ending at the length of
   ``block_max`` and ``block_last``; ``term_max`` one per term, ``term_kth`` one per term
   and kept rank;
+- stored impacts (where present): ``impacts.npy`` float32, one per posting, each in (0, 1]
+  (a BM25 factor ``tf / (tf + denom)``; a NaN or a stray value would silently drop
+  documents from the exhaustive kernels' candidates);
 
 and for the version: the shards' documents add up to the manifest's ``n_docs``, the
 ``docs/ids.arrow`` ranks lie within [0, n_docs), and its doc_id strings are well formed.
+An IVF-PQ dense index (re-scored from its float vectors) gets :func:`check_dense_vectors`.
 """
 
 from __future__ import annotations
@@ -109,7 +113,8 @@ def _ascending_within(version_dir: str, rel: str, docs: np.ndarray, indptr: np.n
 
 
 def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray], n_docs: int, n_terms: int,
-                blocks: tuple[dict, tuple[np.ndarray, ...]] | None = None) -> None:
+                blocks: tuple[dict, tuple[np.ndarray, ...]] | None = None,
+                impacts: tuple[dict, np.ndarray] | None = None) -> None:
     """Refuse a shard whose arrays break an invariant the kernels rely on (module docstring).
 
     Parameters
@@ -125,6 +130,8 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
         Terms in the version's vocabulary.
     blocks
         ``load_block_maxima``'s (key, arrays), or None.
+    impacts
+        ``load_impacts``'s (key, array), or None.
 
     Raises
     ------
@@ -160,6 +167,21 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
             _in_range(version_dir, rel(name), a[name], lo, hi, "a bound")
     if blocks is not None:
         _check_blocks(version_dir, shard_rel, blocks, indptr)
+    if impacts is not None:
+        _check_impacts(version_dir, shard_rel, impacts[1], len(docs))
+
+
+def _check_impacts(version_dir: str, shard_rel: str, imp, n_postings: int) -> None:
+    from funnel.pipelines.postings import IMPACT_FILE
+    rel = f"{shard_rel}/{IMPACT_FILE}"
+    imp = _vector(version_dir, rel, imp, "f")
+    if imp.dtype != np.float32:
+        raise _fail(version_dir, rel, f"holds {imp.dtype}, expected float32")
+    if len(imp) != n_postings:
+        raise _fail(version_dir, rel, f"has {len(imp)} entries, docs.npy has {n_postings}: one impact per posting")
+    if len(imp) and not (float(imp.min()) > 0.0 and float(imp.max()) <= 1.0):  # NaN fails both
+        bad = np.flatnonzero(~((imp > 0) & (imp <= 1)))[0]
+        raise _fail(version_dir, rel, f"holds impact {float(imp[bad])} at position {int(bad)}, outside (0, 1]")
 
 
 def _check_blocks(version_dir: str, shard_rel: str, blocks: tuple[dict, tuple[np.ndarray, ...]],
@@ -203,3 +225,32 @@ def check_doc_ids(version_dir: str, rel: str, ids, rank: np.ndarray, n_docs: int
             ids.validate(full=True)
         except (pa.ArrowException, ValueError) as e:
             raise _fail(version_dir, rel, f"holds malformed doc_id strings ({e})") from e
+
+
+def check_dense_vectors(version_dir: str, dense_rel: str, shard: dict, emb: np.ndarray, ids: np.ndarray,
+                        dim: int) -> None:
+    """The float vectors an IVF-PQ index re-scores from (``serving.dense``, ``ExactScorer``):
+    ``emb-NNNN.npy`` float32 ``(count, dim)``, and ``ids-NNNN.npy`` one int64 docno per row,
+    all of this shard, ascending (a document's rows are found by bisection, and a row past
+    the vectors would fail a query rather than the open).
+
+    Raises
+    ------
+    IndexFormatError
+        Naming the file and what is wrong with it.
+    """
+    s, count = int(shard["shard"]), int(shard["count"])
+    emb_rel = f"{dense_rel}/{shard.get('embeddings', f'emb-{s:04d}.npy')}"
+    ids_rel = f"{dense_rel}/{shard.get('ids', f'ids-{s:04d}.npy')}"
+    if emb.ndim != 2 or emb.dtype != np.float32 or emb.shape != (count, dim):
+        raise _fail(version_dir, emb_rel, f"holds a {emb.dtype} array of shape {emb.shape}, expected float32 "
+                                          f"({count}, {dim}): one vector per row of the shard's index")
+    ids = _vector(version_dir, ids_rel, ids)
+    if len(ids) != count:
+        raise _fail(version_dir, ids_rel, f"has {len(ids)} ids, expected one per vector ({count})")
+    if count:
+        _in_range(version_dir, ids_rel, ids, s << 32, (s + 1) << 32, f"a docno of another shard than {s}:")
+        if count > 1 and int(np.diff(ids).min()) < 0:
+            i = int(np.flatnonzero(np.diff(ids) < 0)[0])
+            raise _fail(version_dir, ids_rel, f"does not ascend at entry {i + 1} ({int(ids[i])} then "
+                                              f"{int(ids[i + 1])}): a document's rows must be contiguous")

@@ -1,0 +1,203 @@
+"""Oracles for the exhaustive BM25 kernels over many postings: the dense read-back (one scan
+of a shard's accumulator instead of a touched list), the stored float32 impacts with exact
+rescoring of the candidates, and the per-query choice between block-max pruning and
+exhaustive scoring. Each must give the NumPy reference's documents, score bits and tie
+order; and the build must store the impacts serving reads, checked when an index opens."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_bm25_pruning import _corpus, _index, _queries, _ranked
+
+from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.postings import IMPACT_FILE, IMPACT_KEY_FILE, load_impacts
+from funnel.pipelines.shard import shard_name
+from funnel.serving import kernels, lexical
+from funnel.serving.bm25 import BM25Params
+from funnel.serving.lexical import _DEFAULT, default_impacts, impacts_key
+from funnel.serving.search import open_index
+
+needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: only the NumPy path runs")
+
+
+def _with_impacts(r):
+    """The in-memory index as a build leaves it: every shard's float32 impacts stored."""
+    for s in r.index.shards:
+        s.stored_impacts = (impacts_key(r.index.avgdl), default_impacts(s.docs, s.tfs, s.norms, r.index.avgdl))
+    r.index.analyzer = Analyzer(AnalyzerConfig(stopwords=False, stemmer="none"))  # the fixture's plain words
+    return r
+
+
+def _reference(r, terms, k, params=None):
+    for s in r.index.shards:
+        s.use_kernel = False
+    try:
+        return _ranked(r, terms, k, params)
+    finally:
+        for s in r.index.shards:
+            s.use_kernel = True
+
+
+def _texts(queries):
+    return [" ".join(t for t, c in terms.items() for _ in range(c)) for terms in queries]
+
+
+def _rows(r, texts, k, params=None):
+    pos, score, cnt = r.search_texts(texts, k, params)
+    ids = np.concatenate(r.index.docs.doc_ids)
+    return [[(ids[p], float(s)) for p, s in zip(pos[i, :cnt[i]], score[i, :cnt[i]])] for i in range(len(texts))]
+
+
+@needs_numba
+@pytest.mark.parametrize("shards", [1, 3])
+def test_stored_impacts_rescored_give_the_references_answers(monkeypatch, shards):
+    """Float32 impacts summed, the candidates near the k-th rescored from their postings:
+    the same documents, bits and tie order as the reference, per query and in a batch, for
+    queries dense enough to be read back by a scan and sparse ones read from touched lists,
+    for k from 1 to past the candidate buffer (which must grow on runs of exact ties)."""
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)  # no float64 impacts: the float32 ones are read
+    docs, ids, words = _corpus(seed=31, n=900, vocab=1500)
+    r = _with_impacts(_index(docs, ids, shards))
+    r.prune_min_postings = -1
+    r.rescore_min_postings = 0  # every query through the stored impacts
+    r.dense_min_docs = 0  # shards this small are read back by a scan too where dense enough
+    assert r._impacts32(_DEFAULT).shape == (shards, 2) and r._impacts(_DEFAULT)[0].shape == (0, 2)
+    queries = _queries(words, n=150, seed=32) + [{"w000": 1}, {"w001": 1}, {"w002": 2, "w000": 1}]
+    dense = sparse = 0
+    for terms in queries:
+        gids = np.array([r.index.vocab[t] for t in terms if t in r.index.vocab], dtype=np.int64)
+        for s in r.index.shards:
+            local = s.local_terms(gids)
+            local = local[local >= 0]
+            post = int((s.indptr[local + 1] - s.indptr[local]).sum())
+            if post:
+                dense += post * kernels.DENSE_DIVISOR >= s.n_docs
+                sparse += post * kernels.DENSE_DIVISOR < s.n_docs
+    assert dense > 20 and sparse > 20  # both read-backs are exercised
+    texts = _texts(queries)
+    n_ties = 0
+    for k in (1, 7, 10, 33, 100, 400):
+        want = [_reference(r, terms, k) for terms in queries]
+        assert [_ranked(r, terms, k) for terms in queries] == want, k
+        assert _rows(r, texts, k) == want, k
+        n_ties += sum(a[1] == b[1] for row in want for a, b in zip(row, row[1:]))
+    assert n_ties > 1000  # single common terms: long runs of equal scores at the k-th
+
+
+@needs_numba
+def test_overrides_and_stale_impacts_fall_back_to_exact_scoring(monkeypatch):
+    """Stored impacts hold the default (k1, b) for one avgdl: a per-query override, or
+    impacts stored for another avgdl, never read them, and still answer as the reference."""
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)
+    docs, ids, words = _corpus(seed=33, n=500)
+    r = _with_impacts(_index(docs, ids, 2))
+    r.prune_min_postings = -1
+    r.rescore_min_postings = 0
+    override = BM25Params(1.2, 0.75)
+    assert r._impacts32(override).shape == (0, 2)
+    queries = _queries(words, n=60, seed=34)
+    for terms in queries:
+        assert _ranked(r, terms, 10, override) == _reference(r, terms, 10, override)
+    stale = _with_impacts(_index(docs, ids, 2))
+    key, arr = stale.index.shards[1].stored_impacts
+    stale.index.shards[1].stored_impacts = ({**key, "avgdl": key["avgdl"] * 2}, arr)
+    stale.prune_min_postings = -1
+    stale.rescore_min_postings = 0
+    assert stale._impacts32(_DEFAULT).shape == (0, 2)  # one stale shard: none are read
+    for terms in queries:
+        assert _ranked(stale, terms, 10) == _reference(stale, terms, 10)
+
+
+@needs_numba
+@pytest.mark.parametrize("use_impacts", [False, True])
+def test_choosing_pruning_per_query_keeps_the_answers(monkeypatch, use_impacts):
+    """With a pruning threshold above 0, each query is pruned only where its bounds already
+    rule out most of its postings (``kernels._prune_pays``), and otherwise scored
+    exhaustively: both kinds occur among these queries, and every answer is the reference's."""
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0 if use_impacts else lexical.IMPACT_POSTINGS)
+    docs, ids, words = _corpus(seed=35, n=16000)
+    r = _with_impacts(_index(docs, ids, 1))  # a common term spans 200 blocks: most below its 10th best
+    r.prune_min_postings = 1
+    r.rescore_min_postings = 0
+    r.dense_min_docs = 0
+    queries = _queries(words, n=100, seed=36) + [{w: 1} for w in words[:40]]  # one common term: prunable
+    meta = r._shard_args("lucene-byte4")[0]
+    chosen = []
+    for terms in queries:
+        gids, w = r._canonical(terms)
+        if len(gids):
+            chosen.append(kernels._prune_pays(meta, r._blocks(_DEFAULT), gids, w, 10))
+    assert 5 <= sum(chosen) <= len(chosen) - 5, sum(chosen)  # both paths taken
+    before = int(r.prune_stats[0])
+    texts = _texts(queries)
+    for k in (10, 100):
+        want = [_reference(r, terms, k) for terms in queries]
+        assert [_ranked(r, terms, k) for terms in queries] == want
+        assert _rows(r, texts, k) == want
+    assert int(r.prune_stats[0]) > before
+
+
+@needs_numba
+def test_approximate_candidates_keep_every_possible_top_k_document():
+    """``_approx_keep``'s margin covers the float32 rounding of every impact: for sums of
+    up to 200 terms, the exact k-th score's documents all approximate at least c times the
+    approximate k-th (the candidate bar), whatever the impacts' magnitudes."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        T = int(rng.integers(1, 200))
+        n = 300
+        w = rng.random(T) * 10 ** rng.uniform(-3, 2)
+        v = rng.random((n, T)) * (rng.random((n, T)) < 0.5)
+        exact = np.zeros(n)
+        approx = np.zeros(n)
+        for i in range(T):  # in order, as the kernels add them
+            exact += w[i] * v[:, i]
+            approx += w[i] * v[:, i].astype(np.float32).astype(np.float64)
+        k = int(rng.integers(1, 50))
+        kth_exact = np.sort(exact)[::-1][k - 1]
+        kth_approx = np.sort(approx)[::-1][k - 1]
+        bar = kth_approx * kernels._approx_keep(T)
+        assert (approx[exact >= kth_exact] >= bar).all(), trial
+
+
+@needs_numba
+def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
+    """Every shard's ``impacts.npy`` is published and checksummed, holds the float32 of
+    each posting's float64 impact for the default parameters, and is what serving maps."""
+    ix = open_index(demo_index_4)
+    b = ix.bm25
+    den, itab = b._table(_DEFAULT)
+    for s, shard in enumerate(ix.index.shards):
+        rel = f"lexical/{shard_name(s)}"
+        assert {f"{rel}/{IMPACT_FILE}", f"{rel}/{IMPACT_KEY_FILE}"} <= set(ix.index.manifest["files"])
+        key, imp = load_impacts(os.path.join(ix.index.dir, rel))
+        assert key == impacts_key(ix.index.avgdl) and imp.dtype == np.float32
+        want = kernels.posting_impacts(shard.docs, shard.tfs, shard.norms, den, itab).astype(np.float32)
+        assert np.array_equal(imp, want)
+    assert b._impacts32(_DEFAULT).shape == (ix.index.n_shards, 2)
+    mapped = {int(a.ctypes.data) for a in b._impact32_args[1]}
+    assert mapped == {int(s.stored_impacts[1].ctypes.data) for s in ix.index.shards}
+
+
+@needs_numba  # the build stores impacts only where numba computes them
+def test_damaged_impacts_are_refused_at_open(demo_index_1, tmp_path):
+    """An ``impacts.npy`` of the wrong length, dtype or values stops the open with an error
+    naming the file."""
+    import shutil
+    for bad, words in ((lambda a: a[:-1], "one impact per posting"), (lambda a: a.astype(np.float64), "float32"),
+                       (lambda a: np.where(np.arange(len(a)) == 3, np.float32("nan"), a), "outside (0, 1]"),
+                       (lambda a: a * np.float32(2), "outside (0, 1]")):
+        root = tmp_path / f"ix{len(os.listdir(tmp_path))}"
+        shutil.copytree(demo_index_1, root)
+        ix = open_index(str(root))
+        path = os.path.join(ix.index.dir, "lexical", shard_name(0), IMPACT_FILE)
+        arr = bad(np.load(path))
+        os.remove(path)
+        np.save(path, arr)
+        with pytest.raises(IndexFormatError) as e:
+            open_index(str(root), verify="none")
+        assert IMPACT_FILE in str(e.value) and words in str(e.value)
