@@ -445,6 +445,16 @@ def render(res: dict, command: str) -> str:
 TITLE = "BM25 per workload: natural-language and generated queries, Zipf and topical corpora (bench/bench_workloads.py)"
 
 
+def section(res: dict) -> tuple[str, str]:
+    """(name, title) of the RESULTS.md section for a run: ``workloads`` at 1M (the size the
+    README's rows cite), ``workloads-3m`` etc. for other sizes."""
+    sizes = sorted({r["n_docs"] for r in res["corpora"].values()})
+    label = "+".join(bench_scale.label(n) for n in sizes)
+    if label == "1m":
+        return "workloads", TITLE
+    return f"workloads-{label}", f"BM25 per workload at {label.upper()} documents (bench/bench_workloads.py)"
+
+
 def main(argv=None):
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
         with open(sys.argv[3]) as f:
@@ -485,7 +495,7 @@ def main(argv=None):
             saved["how"] = (f"{len(runs)} runs back to back on the same code, rendered together with `--from-results`: "
                             "compare figures within a corpus (each corpus's three systems were timed in the same "
                             "process, interleaved).")
-        report("workloads", TITLE, render(saved, saved["command"]), a.write)
+        report(*section(saved), render(saved, saved["command"]), a.write)
         return
     command = ".venv/bin/python bench/bench_workloads.py " + " ".join(sys.argv[1:] if argv is None else argv)
     min_avail = int(a.min_avail_gib * bench_scale.GIB)
@@ -517,10 +527,11 @@ def main(argv=None):
                for s in SYSTEMS}
         res["corpora"][c] = {"n_docs": a.size, "builds": builds, "tp": tp, "rss": rss,
                              "n_queries": {w: len(q) for w, q in sets.items()}}
-        with open(os.path.join(a.work, f"results-{bench_scale.label(a.size)}.json"), "w") as f:
+        name = f"results-{bench_scale.label(a.size)}-{'+'.join(res['corpora'])}.json"
+        with open(os.path.join(a.work, name), "w") as f:  # one per size and corpora: --from-results
             json.dump(res, f, indent=1)
     if not a.build_only:
-        report("workloads", TITLE, render(res, command), a.write)
+        report(*section(res), render(res, command), a.write)
 
 
 if __name__ == "__main__":

@@ -205,11 +205,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _positive_seconds(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
-    return value
+def _at_least(low: float, what: str, strict: bool = True):
+    """A finite-float flag parser that refuses values below ``low`` (or equal to it when
+    ``strict``), its error naming ``what`` the value must be."""
+    def parse(text: str) -> float:
+        value = _finite_float(text)
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+_positive_seconds = _at_least(0.0, "a number of seconds above 0")
+_non_negative_seconds = _at_least(0.0, "a number of seconds, 0 or more", strict=False)
+_positive_rate = _at_least(0.0, "a rate above 0 (MiB per second)")
 
 
 # -- search --------------------------------------------------------------------------------
@@ -699,20 +708,6 @@ def _scrub(a):
     d = ScrubConfig()
     return ScrubConfig(interval_s=d.interval_s if a.scrub_interval is None else a.scrub_interval,
                        rate_mb_s=a.scrub_rate or d.rate_mb_s)
-
-
-def _non_negative_seconds(text: str) -> float:
-    value = _finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
-    return value
-
-
-def _positive_rate(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a rate above 0 (MiB per second), got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,7 +66,8 @@ MAX_NODES = 256
 MAX_DEPTH = 8
 MAX_VALUES = 1024
 #: Masks kept per index version (filter x principal): a byte per document each, and for a dense
-#: search a FAISS selector of up to half the documents' ids (a hash set, ~40 bytes an id).
+#: search a FAISS selector of the allowed ids where they are under half the documents (a hash
+#: set, ~40 bytes an id; a broader filter is applied after the search, serving/dense.py).
 MASK_CACHE = 16
 
 _OPS = {
@@ -127,6 +128,22 @@ class Mask:
             return False
         pos = int(self.doc_off[s]) + local
         return pos < int(self.doc_off[s + 1]) and bool(self.allow[pos])
+
+    def allows_docnos(self, docnos: np.ndarray) -> np.ndarray:
+        """:meth:`allows_docno` over an array (bool, one per docno; padding ids -1 are False)."""
+        docnos = np.asarray(docnos, dtype=np.int64)
+        if self.allow is None:
+            return docnos >= 0
+        n_shards = len(self.doc_off) - 1
+        shard = docnos >> 32
+        local = docnos & 0xFFFFFFFF
+        ok = (docnos >= 0) & (shard < n_shards)
+        s = np.where(ok, shard, 0)
+        pos = self.doc_off[s] + local
+        ok &= pos < self.doc_off[s + 1]
+        out = np.zeros(len(docnos), dtype=bool)
+        out[ok] = self.allow[pos[ok]]
+        return out
 
     def faiss_selector(self):
         """A FAISS ``IDSelector`` admitting the allowed docnos (``shard << 32 | local``, the ids

@@ -282,6 +282,16 @@ if HAVE_NUMBA:
         return x / (x + table[c])
 
     @njit(cache=True, nogil=True, inline="always")
+    def _impact_u(tf, c, table, itab, ucap, nt):
+        """:func:`_impact` on unsigned indices (``tf``, ``c``, ``ucap``, ``nt = len(table)``:
+        ``np.uint64``), for the accumulation loops: numba then emits no negative-index
+        wraparound per access, which halves their cost. Same arithmetic, same bits."""
+        if tf < ucap:
+            return itab[tf * nt + c]
+        x = np.float64(tf)
+        return x / (x + table[c])
+
+    @njit(cache=True, nogil=True, inline="always")
     def _new_heap(k):
         """An empty top-k heap: (scores, id ranks, docnos), for ``_heap_push``."""
         return np.empty(k), np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
@@ -715,20 +725,13 @@ if HAVE_NUMBA:
     def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m):
         """Add one term's ``w · tf/(tf + denom)`` over postings [a0, e0) to ``acc``, first-seen
         documents appended to ``touched`` after the ``m`` there (branch-free); returns the new
-        count. :func:`_accumulate`'s loop for one term: unsigned indices (no wraparound check
-        per access), the same arithmetic and bits as ``w * _impact(...)``."""
+        count. :func:`_accumulate`'s loop for one term (:func:`_impact_u`)."""
         um = np.uint64(m)
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
         for p in range(np.uint64(a0), np.uint64(e0)):
             d = np.uint64(docs[p])
-            tf = np.uint64(tfs[p])
-            c = np.uint64(code[d])
-            if tf < ucap:
-                v = itab[tf * nt + c]
-            else:
-                x = np.float64(tf)
-                v = x / (x + table[c])
+            v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
             a = acc[d]
             touched[um] = d
             um += np.uint64(a == 0.0)
@@ -1024,13 +1027,7 @@ if HAVE_NUMBA:
                 if stored:
                     v = np.float64(imp[p])
                 else:
-                    tf = np.uint64(tfs[p])
-                    c = np.uint64(code[d])
-                    if tf < ucap:
-                        v = itab[tf * nt + c]
-                    else:
-                        x = np.float64(tf)
-                        v = x / (x + table[c])
+                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                 acc[d] += w * v
 
     @njit(cache=True, nogil=True, inline="always")
@@ -1686,9 +1683,8 @@ if HAVE_NUMBA:
         """Add every listed term's ``weight · tf/(tf + denom)`` to ``acc`` (term-at-a-time, in
         order; ``_score_shard``'s exhaustive path), recording first-seen documents in
         ``touched`` after the ``m`` already there (branch-free: a slot is kept only when the
-        document had no score yet); returns the new count. Unsigned indices: numba then emits
-        no negative-index wraparound per access, which halves the cost of this loop. Same
-        arithmetic, same bits as ``_impact``; where ``imp`` is given (non-empty: each
+        document had no score yet); returns the new count. Unsigned indices throughout
+        (:func:`_impact_u`); where ``imp`` is given (non-empty: each
         posting's impact, :func:`posting_impacts`), it is read instead of computed, one load
         instead of three per posting."""
         um = np.uint64(m)
@@ -1705,13 +1701,7 @@ if HAVE_NUMBA:
                 if stored:
                     v = imp[p]
                 else:
-                    tf = np.uint64(tfs[p])
-                    c = np.uint64(code[d])
-                    if tf < ucap:
-                        v = itab[tf * nt + c]
-                    else:
-                        x = np.float64(tf)
-                        v = x / (x + table[c])
+                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                 a = acc[d]
                 touched[um] = d
                 um += np.uint64(a == 0.0)

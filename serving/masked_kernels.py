@@ -69,6 +69,15 @@ if HAVE_NUMBA:
         x = np.float64(tf)
         return x / (x + table[c])
 
+    @njit(cache=True, nogil=True, inline="always")
+    def _impact_u(tf, c, table, itab, ucap, nt):
+        """:func:`_impact` on unsigned indices (``np.uint64`` all; ``nt = len(table)``): no
+        wraparound check per access in the accumulation loops."""
+        if tf < ucap:
+            return itab[tf * nt + c]
+        x = np.float64(tf)
+        return x / (x + table[c])
+
     @njit(cache=True, nogil=True)
     def _bisect(docs, lo, hi, target):
         """First position in [lo, hi) with docs[pos] >= target (hi when none)."""
@@ -114,6 +123,13 @@ if HAVE_NUMBA:
             _prefetch(tfs, q0 + x)
 
     @njit(cache=True, nogil=True, inline="always")
+    def _put(hv, hr, hd, i, v, r, d):
+        """Heap slot ``i`` := (score, id rank, docno)."""
+        hv[i] = v
+        hr[i] = r
+        hd[i] = d
+
+    @njit(cache=True, nogil=True, inline="always")
     def _sift_down(hv, hr, hd, i, n, v, r, d):
         while True:
             c = 2 * i + 1
@@ -124,13 +140,9 @@ if HAVE_NUMBA:
             cv = hv[c]
             if cv > v or (cv == v and hr[c] < r):
                 break
-            hv[i] = cv
-            hr[i] = hr[c]
-            hd[i] = hd[c]
+            _put(hv, hr, hd, i, cv, hr[c], hd[c])
             i = c
-        hv[i] = v
-        hr[i] = r
-        hd[i] = d
+        _put(hv, hr, hd, i, v, r, d)
 
     @njit(cache=True, nogil=True, inline="always")
     def _push(hv, hr, hd, n, v, r, d):
@@ -144,13 +156,9 @@ if HAVE_NUMBA:
                 pv = hv[par]
                 if pv < v or (pv == v and hr[par] > r):
                     break
-                hv[i] = pv
-                hr[i] = hr[par]
-                hd[i] = hd[par]
+                _put(hv, hr, hd, i, pv, hr[par], hd[par])
                 i = par
-            hv[i] = v
-            hr[i] = r
-            hd[i] = d
+            _put(hv, hr, hd, i, v, r, d)
             return n + 1
         if v < hv[0] or (v == hv[0] and r > hr[0]):
             return n
@@ -388,13 +396,7 @@ if HAVE_NUMBA:
                 if stored:
                     v = imp[p]
                 else:
-                    tf = np.uint64(tfs[p])
-                    c = np.uint64(code[d])
-                    if tf < ucap:
-                        v = itab[tf * nt + c]
-                    else:
-                        x = np.float64(tf)
-                        v = x / (x + table[c])
+                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                 a = acc[d]
                 touched[um] = d
                 um += np.uint64(a == 0.0)
@@ -446,13 +448,7 @@ if HAVE_NUMBA:
         nt = np.uint64(table.shape[0])
         for p in range(np.uint64(a0), np.uint64(e0)):
             d = np.uint64(docs[p])
-            tf = np.uint64(tfs[p])
-            c = np.uint64(code[d])
-            if tf < ucap:
-                v = itab[tf * nt + c]
-            else:
-                x = np.float64(tf)
-                v = x / (x + table[c])
+            v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
             ok = allow[d]
             a = acc[d]
             touched[um] = d
@@ -632,13 +628,7 @@ if HAVE_NUMBA:
             if e0 - a0 <= c * cost:
                 for p in range(np.uint64(a0), np.uint64(e0)):  # as _accumulate_masked
                     d = np.uint64(docs[p])
-                    tf = np.uint64(tfs[p])
-                    cd = np.uint64(code[d])
-                    if tf < ucap:
-                        v = itab[tf * nt + cd]
-                    else:
-                        x = np.float64(tf)
-                        v = x / (x + table[cd])
+                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                     acc[d] = acc[d] + w * v * np.float64(allow[d])
                 stats[5] += 1
                 for j in range(c):

@@ -171,8 +171,10 @@ def test_mask_equals_the_filter_interpreted_on_every_row(bm25):
     for flt in SELECTIVE + [random_filter(rng) for _ in range(40)]:
         mask = vs.mask(flt)
         want = _allowed(vs, rows, flt)
-        got = {n for n in (vs.index.docs.docno_of(r["_id"]) for r in rows) if mask.allows_docno(n)}
+        docnos = np.array([vs.index.docs.docno_of(r["_id"]) for r in rows] + [-1, 1 << 40], dtype=np.int64)
+        got = {n for n in docnos.tolist() if mask.allows_docno(n)}
         assert got == want, flt
+        assert set(docnos[mask.allows_docnos(docnos)].tolist()) == want, flt
         assert mask.count == len(want)
 
 
@@ -226,8 +228,15 @@ def _dense_all(vs, query: str) -> list[tuple[int, float]]:
     return [(int(i), float(s)) for s, i in zip(sc[0], ids[0]) if i >= 0]
 
 
-def test_filtered_dense_and_hybrid_equal_exhaustive_scoring_of_the_allowed_documents(dense):
+@pytest.mark.parametrize("post_share", [None, 0.0, 1.01])
+def test_filtered_dense_and_hybrid_equal_exhaustive_scoring_of_the_allowed_documents(dense, post_share,
+                                                                                     monkeypatch):
+    """As served, every filter applied after a deep unfiltered search (0.0), and every filter
+    given to FAISS as an ID selector (1.01)."""
+    from funnel.serving import dense as dense_module
     from funnel.serving.hybrid import fuse
+    if post_share is not None:
+        monkeypatch.setattr(dense_module, "POST_FILTER_MIN_SHARE", post_share)
     rows, vs = dense
     rng = random.Random(4)
     cfg = vs.hybrid_config
