@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
@@ -624,6 +625,12 @@ def fingerprint_key(fingerprint: dict) -> str:
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
+#: Cache segments kept memory-mapped at once. A build writes a segment per batch (compacted into
+#: one at its end) and every open map holds a file descriptor, so keeping them all open ran a
+#: 1M-document build out of descriptors; a segment past this many is reopened when read again.
+OPEN_SEGMENTS = 64
+
+
 class EmbeddingCache:
     """Document vectors keyed by (content hash, model fingerprint), on local disk.
 
@@ -659,8 +666,8 @@ class EmbeddingCache:
             os.replace(tmp, fp_path)
         self._lock = threading.Lock()
         self._index: dict[str, tuple[int, int]] = {}
-        self._segments: list[np.ndarray] = []
-        self._names: list[str] = []
+        self._names: list[str] = []  # segment number -> file name stem
+        self._open: OrderedDict[int, np.ndarray] = OrderedDict()  # at most OPEN_SEGMENTS maps
         self._seen: set[str] = set()
 
     def _refresh(self) -> None:
@@ -678,19 +685,37 @@ class EmbeddingCache:
                 log.warning("embedding cache: skipping unreadable segment %s (%s)", base, e)
                 self._seen.add(name)
                 continue
-            if vecs.ndim != 2 or vecs.shape != (len(keys), self.dim):
-                log.warning("embedding cache: skipping segment %s with shape %s", base, vecs.shape)
+            shape = vecs.shape
+            del vecs  # closes the map: segments are opened when read (_vectors)
+            if len(shape) != 2 or shape != (len(keys), self.dim):
+                log.warning("embedding cache: skipping segment %s with shape %s", base, shape)
                 self._seen.add(name)
                 continue
-            self._register(name, keys, vecs)
+            self._register(name, keys)
 
-    def _register(self, name: str, keys: np.ndarray, vecs: np.ndarray) -> None:
-        seg = len(self._segments)
-        self._segments.append(vecs)
+    def _register(self, name: str, keys: np.ndarray) -> None:
+        seg = len(self._names)
         self._names.append(name)
         self._seen.add(name)
         for row, key in enumerate(keys.tolist()):
             self._index.setdefault(key, (seg, row))
+
+    def _vectors(self, seg: int) -> np.ndarray | None:
+        """Segment ``seg``'s vectors, memory-mapped (the ``OPEN_SEGMENTS`` most recently read
+        stay open); None when another process's :meth:`compact` removed it meanwhile."""
+        vecs = self._open.get(seg)
+        if vecs is not None:
+            self._open.move_to_end(seg)
+            return vecs
+        try:
+            vecs = np.load(os.path.join(self.dir, self._names[seg] + ".vec.npy"), mmap_mode="r",
+                           allow_pickle=False)
+        except FileNotFoundError:
+            return None
+        self._open[seg] = vecs
+        while len(self._open) > OPEN_SEGMENTS:
+            self._open.popitem(last=False)
+        return vecs
 
     def __len__(self) -> int:
         with self._lock:
@@ -710,7 +735,7 @@ class EmbeddingCache:
             self._refresh()
             return self._gather(hashes)
 
-    def _gather(self, hashes: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _gather(self, hashes: Sequence[str], retry: bool = True) -> tuple[np.ndarray, np.ndarray]:
         found = np.zeros(len(hashes), dtype=bool)
         out = np.zeros((len(hashes), self.dim), dtype=np.float32)
         by_seg: dict[int, tuple[list[int], list[int]]] = {}
@@ -721,7 +746,14 @@ class EmbeddingCache:
                 dst.append(i)
                 src.append(hit[1])
         for seg, (dst, src) in by_seg.items():
-            out[dst] = self._segments[seg][src]
+            vecs = self._vectors(seg)
+            if vecs is None:  # merged away by another process's compact(): start over from the files
+                if retry:
+                    self._index, self._names, self._open, self._seen = {}, [], OrderedDict(), set()
+                    self._refresh()
+                    return self._gather(hashes, retry=False)
+                continue  # (raced again: a miss this time)
+            out[dst] = vecs[src]
             found[dst] = True
         return found, out
 
@@ -749,7 +781,7 @@ class EmbeddingCache:
         base = os.path.join(self.dir, name)
         save_npy_atomic(base + ".vec.npy", vecs)
         save_npy_atomic(base + ".keys.npy", keys)  # the commit marker, renamed last
-        self._register(name, keys, np.load(base + ".vec.npy", mmap_mode="r"))
+        self._register(name, keys)
         return name
 
     def compact(self) -> int:
@@ -766,7 +798,7 @@ class EmbeddingCache:
             keys = list(self._index)
             _, vecs = self._gather(keys)
             old = list(self._names)
-            self._index, self._segments, self._names = {}, [], []
+            self._index, self._names, self._open = {}, [], OrderedDict()
             self._write_segment(np.array(keys, dtype=str), vecs)
             for name in old:
                 for ext in (".keys.npy", ".vec.npy"):  # keys first: never a keys file without vectors

@@ -298,6 +298,32 @@ def test_cache_roundtrip_and_persistence(tmp_path):
         c.put_many(["x"], np.zeros((1, 4), np.float32))
 
 
+def test_cache_keeps_few_segments_open_and_survives_another_process_compacting(tmp_path, monkeypatch):
+    """A build writes a segment per batch; holding every segment memory-mapped (a file
+    descriptor each) ran a 1M-document build out of descriptors before its final compact()."""
+    from funnel.pipelines import embed
+    monkeypatch.setattr(embed, "OPEN_SEGMENTS", 4)
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((60, 8)).astype(np.float32)
+    keys = [f"k{i}" for i in range(60)]
+    c = EmbeddingCache(str(tmp_path), FP)
+    fds = len(os.listdir("/proc/self/fd"))
+    for b in range(30):
+        assert c.put_many(keys[2 * b:2 * b + 2], v[2 * b:2 * b + 2]) == 2
+    found, got = c.get_many(keys[::-1])
+    assert found.all()
+    np.testing.assert_array_equal(got, v[::-1])
+    assert len(c._open) <= 4
+    assert len(os.listdir("/proc/self/fd")) <= fds + 4 + 2  # the maps kept open, and slack
+    # another process's compact() replaces the 30 segments with one: this reader finds every row
+    assert EmbeddingCache(str(tmp_path), FP).compact() == 30
+    c._open.clear()  # as after other reads: the old segments must be reopened, and are gone
+    found, got = c.get_many(keys)
+    assert found.all()
+    np.testing.assert_array_equal(got, v)
+    assert len(c) == 60
+
+
 def test_cache_ignores_partial_writes_and_concurrent_writers(tmp_path):
     c = EmbeddingCache(str(tmp_path), FP)
     d = tmp_path / fingerprint_key(FP)
