@@ -333,9 +333,9 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
         OpenMP threads for this call only (OpenMP's setting is per calling thread, so
         concurrent callers are unaffected). One thread is as fast for a single query on
         an idle machine and several times faster on a busy one; default: faiss's setting.
-    selector : faiss.IDSelector, optional
-        Only ids it admits are scored (inside the IVF scan: a filter that never starves k;
-        ``serving.filters.Mask.faiss_selector``).
+    selector : faiss.IDSelector or list of them, optional
+        Only ids it admits are scored (inside the IVF scan: a filter that never starves k);
+        a list gives each index its own (``serving.filters.Mask.faiss_selectors``).
 
     Returns
     -------
@@ -350,18 +350,19 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
     if threads:
         faiss.omp_set_num_threads(int(threads))
     try:
-        for index in indexes:
+        for i, index in enumerate(indexes):
             if index.ntotal == 0:
                 continue
+            sel = selector[i] if isinstance(selector, list) else selector
             params = None
             ivf = faiss.try_extract_index_ivf(index)
             if nprobe and ivf is not None:
                 params = faiss.SearchParametersIVF(nprobe=int(min(nprobe, ivf.nlist)))
-            if selector is not None:
+            if sel is not None:
                 if params is None:
                     params = (faiss.SearchParametersIVF(nprobe=int(ivf.nprobe)) if ivf is not None
                               else faiss.SearchParameters())
-                params.sel = selector
+                params.sel = sel
             scores, ids = index.search(queries, k, params=params)
             heap.add_result(scores, ids)
     finally:

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 #: A filter admitting at least this share of the documents is applied after an unfiltered
 #: search about as deep as an unfiltered query's (deeper where that held too few allowed hits);
 #: a more selective one goes to FAISS as an ID selector, which skips the disallowed entries'
-#: distances. At 100K documents, k=100, half allowed: selector 1.07x, this 0.89-0.97x the
-#: unfiltered search; a tenth allowed: selector 0.61x, this 2.1x (its deeper heap).
+#: distances. Measured with the hash-set selector (before the bitmap, filters.faiss_selectors),
+#: k=100, half allowed: selector 1.11x (100K) / 2.21x (1M) the unfiltered search, this 0.96x /
+#: 0.97x; a tenth allowed at 100K: selector 0.59x, this 2.1x (its deeper heap).
 POST_FILTER_MIN_SHARE = 0.5
 
 
@@ -115,13 +116,14 @@ class DenseIndex:
 
     def __init__(self, indexes: list, provider: EmbeddingProvider, nprobe: int | None = None,
                  cache_size: int = 1024, single_query_threads: int | None = 1, passages: "Passages | None" = None,
-                 scorer: ExactScorer | None = None):
+                 scorer: ExactScorer | None = None, shard_ids: list[int] | None = None):
         if not indexes:
             raise ValueError("DenseIndex needs at least one shard index")
         dims = {ix.d for ix in indexes}
         if dims != {provider.dim}:
             raise ValueError(f"shard indexes have dim {sorted(dims)}, the query provider {provider.dim}")
         self.indexes = indexes
+        self.shard_ids = list(range(len(indexes))) if shard_ids is None else [int(s) for s in shard_ids]
         self.provider = provider
         self.nprobe = nprobe
         self.cache_size = int(cache_size)
@@ -187,7 +189,8 @@ class DenseIndex:
             for sh, emb, ids in zip(shards, scorer.embs, scorer.ids):
                 check_dense_vectors(version_dir, "dense", sh, emb, ids, int(provider.dim))
         return cls(indexes, provider, nprobe=nprobe, cache_size=cache_size,
-                   single_query_threads=single_query_threads, passages=passages, scorer=scorer)
+                   single_query_threads=single_query_threads, passages=passages, scorer=scorer,
+                   shard_ids=[int(sh.get("shard", i)) for i, sh in enumerate(shards)])
 
     @property
     def ntotal(self) -> int:
@@ -275,7 +278,7 @@ class DenseIndex:
         ``mask`` FAISS scores its allowed ids only."""
         threads = self.single_query_threads if len(vectors) == 1 else None
         return search_shards(self.indexes, vectors, k, nprobe=nprobe or self.nprobe, threads=threads,
-                             selector=None if mask is None else mask.faiss_selector())
+                             selector=None if mask is None else mask.faiss_selectors(self.shard_ids))
 
     def search(self, query: str, k: int = 10, nprobe: int | None = None) -> list[tuple[int, float]]:
         """Top-k ``(docno, score)`` for one query, best first."""

@@ -66,8 +66,7 @@ MAX_NODES = 256
 MAX_DEPTH = 8
 MAX_VALUES = 1024
 #: Masks kept per index version (filter x principal): a byte per document each, and for a dense
-#: search a FAISS selector of the allowed ids where they are under half the documents (a hash
-#: set, ~40 bytes an id; a broader filter is applied after the search, serving/dense.py).
+#: search filtered inside FAISS a bitmap (a bit per document).
 MASK_CACHE = 16
 
 _OPS = {
@@ -145,29 +144,41 @@ class Mask:
         out[ok] = self.allow[pos[ok]]
         return out
 
-    def faiss_selector(self):
-        """A FAISS ``IDSelector`` admitting the allowed docnos (``shard << 32 | local``, the ids
-        the dense shards hold): a batch (hash set) of the allowed ids, or the negation of one
-        of the disallowed ids where those are fewer. Built once per mask."""
-        if self._selector is None:
+    def faiss_selectors(self, shards: list[int]) -> list:
+        """One FAISS ``IDSelector`` per dense shard index, in order (``shards[i]``: the BM25
+        shard whose docnos ``shard << 32 | local`` index i holds), admitting the allowed
+        documents. Built once per mask and shard list.
+
+        A bitmap of the shard's documents (a bit each: 125 KB per million) rather than a hash
+        set of ids: FAISS tests every list entry it scans, and at 1M documents with a tenth
+        allowed the hash set's cache misses made the filtered search 1.11x the unfiltered one,
+        the bitmap 0.66x. ``IDSelectorBitmap`` tests bit ``id`` counted from its base pointer,
+        and shard s's ids start at ``s << 32``: its base is the shard's bits less ``s << 29``
+        bytes, behind an ``IDSelectorAnd`` whose ``IDSelectorRange`` of shard s's ids is tested
+        first, so no other id ever reaches the bitmap."""
+        key = tuple(shards)
+        if self._selector is None or self._selector[0] != key:
             import faiss
-            if self.count == 0:  # nothing allowed: a range that holds no id
-                self._selector = faiss.IDSelectorRange(0, 0)
-                return self._selector
-            if self.count == len(self.allow):
-                self._selector = faiss.IDSelectorAll()
-                return self._selector
-            pos = np.flatnonzero(self.allow) if self.count * 2 <= len(self.allow) else np.flatnonzero(~self.allow)
-            shard = np.searchsorted(self.doc_off, pos, side="right") - 1
-            ids = np.ascontiguousarray((shard.astype(np.int64) << 32) | (pos - self.doc_off[shard]))
+            sels = [self._shard_selector(faiss, int(s)) for s in shards]
+            self._selector = (key, sels)
+        return self._selector[1]
+
+    def _shard_selector(self, faiss, s: int):
+        if not 0 <= s < len(self.doc_off) - 1:
+            return faiss.IDSelectorRange(0, 0)  # a shard this mask does not know: nothing
+        lo, hi = int(self.doc_off[s]), int(self.doc_off[s + 1])
+        bits = np.packbits(self.allow[lo:hi], bitorder="little")
+        base = bits.ctypes.data - (s << 29)
+        if base <= 0 or len(bits) == 0:  # (no address to offset from): a hash set of the ids
+            ids = np.ascontiguousarray((np.int64(s) << 32) | np.flatnonzero(self.allow[lo:hi]).astype(np.int64))
             sel = faiss.IDSelectorBatch(len(ids), faiss.swig_ptr(ids))
-            if self.count * 2 > len(self.allow):
-                keep = sel
-                sel = faiss.IDSelectorNot(keep)
-                sel._keep = keep  # the wrapped selector lives as long as its wrapper
-            sel._ids = ids
-            self._selector = sel
-        return self._selector
+            sel._ids = ids  # the arrays and wrapped selectors live as long as their wrapper
+            return sel
+        bitmap = faiss.IDSelectorBitmap((s << 29) + len(bits), faiss.cast_integer_to_uint8_ptr(base))
+        in_shard = faiss.IDSelectorRange(s << 32, (s + 1) << 32)
+        sel = faiss.IDSelectorAnd(in_shard, bitmap)
+        sel._keep = (bits, bitmap, in_shard)
+        return sel
 
     def df(self, index, gids: np.ndarray) -> np.ndarray:
         """How many allowed documents hold each global term id (cached per mask)."""

@@ -178,6 +178,30 @@ def test_mask_equals_the_filter_interpreted_on_every_row(bm25):
         assert mask.count == len(want)
 
 
+def test_faiss_selectors_admit_exactly_each_shards_allowed_documents(bm25):
+    """The per-shard bitmaps FAISS tests (offset so that shard s's ids ``s << 32 | local`` index
+    them): every id of every shard, ids of the other shards and past the shard's end."""
+    _, vs = bm25
+    rng = random.Random(8)
+    n_shards = len(vs.index.shards)
+    assert n_shards == 3
+    for flt in [SELECTIVE[2], SELECTIVE[5], random_filter(rng), random_filter(rng)]:
+        mask = vs.mask(flt)
+        sels = mask.faiss_selectors(list(range(n_shards)))
+        assert mask.faiss_selectors(list(range(n_shards))) is sels  # built once
+        for s in range(n_shards):
+            n = int(mask.doc_off[s + 1] - mask.doc_off[s])
+            got = [bool(sels[s].is_member((s << 32) | i)) for i in range(n)]
+            assert got == mask.allow[mask.doc_off[s]:mask.doc_off[s + 1]].tolist(), (flt, s)
+            for other in range(n_shards):
+                if other != s:
+                    assert not any(sels[s].is_member((other << 32) | i) for i in range(0, n, 7))
+            assert not any(sels[s].is_member((s << 32) | (n + i)) for i in range(64))
+        reordered = mask.faiss_selectors([2, 0])  # index i holds shard shards[i]
+        assert [bool(reordered[0].is_member((2 << 32) | i)) for i in range(50)] == \
+            mask.allow[mask.doc_off[2]:mask.doc_off[2] + 50].tolist()
+
+
 # -- the oracle -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kernels, strategy, prune_min", [
