@@ -120,16 +120,12 @@ class Mask:
         return got
 
     def allows_docno(self, docno: int) -> bool:
-        if self.allow is None:
-            return True
-        s, local = docno >> 32, docno & 0xFFFFFFFF
-        if not 0 <= s < len(self.doc_off) - 1:
-            return False
-        pos = int(self.doc_off[s]) + local
-        return pos < int(self.doc_off[s + 1]) and bool(self.allow[pos])
+        """Whether the document ``docno`` (``shard << 32 | local``) may be returned or read."""
+        return self.allow is None or bool(self.allows_docnos(np.array([docno], dtype=np.int64))[0])
 
     def allows_docnos(self, docnos: np.ndarray) -> np.ndarray:
-        """:meth:`allows_docno` over an array (bool, one per docno; padding ids -1 are False)."""
+        """:meth:`allows_docno` over an array (bool, one per docno; padding ids -1 and ids
+        outside the index are False)."""
         docnos = np.asarray(docnos, dtype=np.int64)
         if self.allow is None:
             return docnos >= 0

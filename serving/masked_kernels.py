@@ -328,14 +328,8 @@ if HAVE_NUMBA:
         post = 0
         present = 0
         for i in range(gids.shape[0]):
-            lo, hi = 0, V
             g = gids[i]
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if term_gid[mid] < g:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            lo = _bisect(term_gid, 0, V, g)
             if lo < V and term_gid[lo] == g:
                 local[i] = lo
                 post += indptr[lo + 1] - indptr[lo]
