@@ -39,6 +39,26 @@ def write_jsonl(path, rows) -> str:
 
 
 @pytest.fixture(scope="session")
+def beir_index(ray_session, tmp_path_factory):
+    """``beir_index(name, dense=False)``: the root of an index of ``../shared/data/beir/NAME``
+    (4 shards), built once per session under pytest's temporary folder, never in the checkout
+    (``funnel eval``'s default, ``.funnel/indexes/NAME``, is relative to the working
+    directory). Document embeddings are still cached across runs by content hash, under
+    ``$FUNNEL_CACHE`` (default ``~/.cache/funnel``)."""
+    built: dict[tuple[str, bool], str] = {}
+
+    def get(name: str, dense: bool = False) -> str:
+        from funnel.serving.cli import ensure_index
+        key = (name, dense)
+        if key not in built:
+            ddir = need_shared("beir", name)
+            built[key] = ensure_index(ddir, str(tmp_path_factory.mktemp(f"beir-{name}")), dense, 4)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory) -> str:
     from funnel.pipelines.demo import write_demo_corpus
     p = tmp_path_factory.mktemp("demo") / "corpus.jsonl"

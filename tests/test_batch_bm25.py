@@ -135,11 +135,10 @@ def test_search_batch_equals_per_query_on_a_built_index(demo_index_4, demo_corpu
 
 
 @pytest.mark.parametrize("ds", ["scifact", "nfcorpus"])
-def test_search_batch_equals_per_query_on_every_beir_query(ds, ray_session):
-    from funnel.serving.cli import ensure_index
+def test_search_batch_equals_per_query_on_every_beir_query(ds, beir_index):
     from funnel.serving.search import open_index
     ddir = need_shared("beir", ds)
-    ix = open_index(ensure_index(ddir, None, False, 4))
+    ix = open_index(beir_index(ds))
     qs = {o["_id"]: o["text"] for o in map(json.loads, open(f"{ddir}/queries.jsonl"))}
     for k in (10, 100):
         assert ix.search_batch(qs, k=k, remove_query=True) == _oracle(ix, qs, k, True)

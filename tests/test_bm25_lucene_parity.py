@@ -10,7 +10,6 @@ import json
 import pytest
 
 from funnel.evaluation.trec import read_qrels
-from funnel.serving.cli import ensure_index
 from funnel.serving.search import open_index
 
 from conftest import need_shared
@@ -28,9 +27,9 @@ def _lucene_top10(ds):
 @pytest.mark.beir
 @pytest.mark.parametrize("ds", ["scifact", "nfcorpus"])
 @pytest.mark.parametrize("path", ["kernel", "kernel-pruned", "kernel-impacts", "numpy"])
-def test_top10_equals_lucene_on_every_query(ds, path, ray_session, monkeypatch):
+def test_top10_equals_lucene_on_every_query(ds, path, beir_index, monkeypatch):
     ddir = need_shared("beir", ds)
-    ix = open_index(ensure_index(ddir, None, False, 4))
+    ix = open_index(beir_index(ds))
     if path == "kernel-pruned":
         ix.bm25.prune_min_postings = 0
     if path == "kernel-impacts":  # what a large index does, on this small one

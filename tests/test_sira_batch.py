@@ -156,9 +156,8 @@ def test_remove_query_and_errors_on_the_batch_path(dense_ix):
 
 @pytest.mark.beir
 @pytest.mark.parametrize("ds", ["scifact", "nfcorpus"])
-def test_prf_batch_equals_per_query_on_every_beir_query(ds, ray_session):
-    from funnel.serving.cli import ensure_index
+def test_prf_batch_equals_per_query_on_every_beir_query(ds, beir_index):
     ddir = need_shared("beir", ds)
-    ix = open_index(ensure_index(ddir, None, False, 4))
+    ix = open_index(beir_index(ds))
     qs = {o["_id"]: o["text"] for o in map(json.loads, open(f"{ddir}/queries.jsonl"))}
     assert ix.search_batch(qs, mode="sira", k=100, proposer="prf") == _reference(ix, qs, 100, {"proposer": "prf"})
