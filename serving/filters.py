@@ -27,6 +27,8 @@ Filter language (a JSON object; several keys in one object are ANDed)::
     {"year": {"gte": 2020, "lt": 2025}}         ranges on numbers and dates (ISO 8601 strings)
     {"tags": {"any": ["billing", "auth"]}}      lists: at least one of / {"all": [...]}: every one
     {"owner": {"exists": true}}                 present (not null)
+    {"path": {"prefix": "docs/advanced/"}}      keywords and lists: a value starting with it
+    {"doc_id": {"prefix": "runbooks/"}}         the document id itself: eq, in, prefix
     {"and": [F, ...]}, {"or": [F, ...]}, {"not": F}
 
 An unknown field, an operator that does not apply to a field's type, or a value of the wrong
@@ -69,14 +71,18 @@ MAX_VALUES = 1024
 #: search filtered inside FAISS a bitmap (a bit per document).
 MASK_CACHE = 16
 
+#: The document id, filterable as if it were a field (unless the index has a field of that name).
+DOC_ID_FIELD = "doc_id"
+
 _OPS = {
-    "keyword": ("eq", "in", "exists"),
-    "keyword_list": ("eq", "in", "any", "all", "exists"),
+    "keyword": ("eq", "in", "prefix", "exists"),
+    "keyword_list": ("eq", "in", "any", "all", "prefix", "exists"),
+    "doc_id": ("eq", "in", "prefix"),
     "number": ("eq", "in", "gte", "gt", "lte", "lt", "exists"),
     "date": ("eq", "in", "gte", "gt", "lte", "lt", "exists"),
     "bool": ("eq", "exists"),
 }
-_VALUE_OF = {"keyword": "a string", "keyword_list": "a string", "number": "a number",
+_VALUE_OF = {"keyword": "a string", "keyword_list": "a string", "doc_id": "a string", "number": "a number",
              "date": "an ISO 8601 date string (2025-06-01 or 2025-06-01T12:00:00Z)", "bool": "true or false"}
 
 
@@ -268,6 +274,7 @@ class FieldStore:
         self.acl_absent: str = section.get("acl_absent", "public")
         self.doc_off = np.cumsum([0] + [s.n_docs for s in ix.shards]).astype(np.int64)
         self.n_shards = len(ix.shards)
+        self.docs = ix.docs  # doc_id conditions (DOC_ID_FIELD) read the ids
         self._cols: dict[tuple[int, str], dict] = {}
         self._lock = threading.Lock()
 
@@ -315,7 +322,9 @@ class Cond:
 
 def _fields_listed(schema: dict[str, str]) -> str:
     shown = [f"{n} ({t})" for n, t in sorted(schema.items()) if n != ACL_FIELD]
-    return ", ".join(shown) if shown else "none (this index was built without filterable fields)"
+    if DOC_ID_FIELD not in schema:
+        shown.append(f"{DOC_ID_FIELD} (the document id: {', '.join(_OPS['doc_id'])})")
+    return ", ".join(shown)
 
 
 def _shown(v: Any) -> str:
@@ -327,7 +336,7 @@ def _value(name: str, ftype: str, op: str, v: Any) -> Any:
     """``v`` normalized for a condition on a field of ``ftype``, or a SearchError."""
     bad = SearchError(f"filter field {name!r} is a {ftype} field: {op!r} takes {_VALUE_OF[ftype]}, "
                       f"got {_shown(v)}")
-    if ftype in ("keyword", "keyword_list"):
+    if ftype in ("keyword", "keyword_list", "doc_id"):
         if not isinstance(v, str):
             raise bad
         if len(v) > MAX_KEYWORD_CHARS:
@@ -384,7 +393,7 @@ class _Parser:
         return parts[0] if len(parts) == 1 else ("and", tuple(parts))
 
     def field(self, name: str, val: Any) -> list[tuple]:
-        ftype = self.schema.get(name)
+        ftype = self.schema.get(name) or ("doc_id" if name == DOC_ID_FIELD else None)
         if ftype is None or (name == ACL_FIELD and not self.allow_acl):
             raise SearchError(f"unknown filter field {name!r}; filterable fields: {_fields_listed(self.schema)}")
         ops = _OPS[ftype]
@@ -430,7 +439,35 @@ def parse_filter(obj: Any, schema: dict[str, str], allow_acl: bool = False) -> t
 
 # -- evaluation -------------------------------------------------------------------------------
 
+def _prefix_codes(vocab: list[str], prefix: str) -> tuple[int, int]:
+    """``[lo, hi)``: the codes of a keyword column's values that start with ``prefix`` (its
+    vocabulary is sorted, so they are one run)."""
+    import bisect
+    n = len(prefix)
+    lo = bisect.bisect_left(vocab, prefix)
+    return lo, lo + bisect.bisect_right(range(lo, len(vocab)), prefix, key=lambda j: vocab[j][:n])
+
+
+def _eval_doc_id(c: Cond, store: FieldStore, s: int) -> np.ndarray:
+    """A condition on the document id, over shard ``s``: ids looked up (``eq``, ``in``) or
+    the run of sorted ids that starts with the prefix (``DocStore.id_range``)."""
+    lo, hi = int(store.doc_off[s]), int(store.doc_off[s + 1])
+    out = np.zeros(hi - lo, dtype=bool)
+    if c.op == "prefix":
+        a, b = store.docs.id_range(c.value)
+        pos = store.docs.sorted_positions()[a:b]
+        pos = pos[(pos >= lo) & (pos < hi)]
+    else:
+        found = [store.docs.docno_of(v) for v in ((c.value,) if c.op == "eq" else c.value)]
+        pos = np.asarray([store.docs.position_of(d) for d in found if d is not None], dtype=np.int64)
+        pos = pos[(pos >= lo) & (pos < hi)]
+    out[pos - lo] = True
+    return out
+
+
 def _eval_cond(c: Cond, store: FieldStore, s: int) -> np.ndarray:
+    if c.ftype == "doc_id":
+        return _eval_doc_id(c, store, s)
     col = store.column(s, c.field)
     n = store.shard_size(s)
     if c.ftype == "keyword":
@@ -438,6 +475,9 @@ def _eval_cond(c: Cond, store: FieldStore, s: int) -> np.ndarray:
         if c.op == "exists":
             out = codes >= 0
             return out if c.value else ~out
+        if c.op == "prefix":
+            a, b = _prefix_codes(col["vocab"], c.value)
+            return (codes >= a) & (codes < b)
         vals = (c.value,) if c.op == "eq" else c.value
         want = [col["at"][v] for v in vals if v in col["at"]]
         if not want:
@@ -447,6 +487,12 @@ def _eval_cond(c: Cond, store: FieldStore, s: int) -> np.ndarray:
         if c.op == "exists":
             out = np.asarray(col["present"]).astype(bool)
             return out if c.value else ~out
+        if c.op == "prefix":
+            a, b = _prefix_codes(col["vocab"], c.value)
+            codes = np.asarray(col["codes"])
+            out = np.zeros(n, dtype=bool)
+            out[col["doc_of"][(codes >= a) & (codes < b)]] = True
+            return out
         vals = (c.value,) if c.op == "eq" else c.value
         want = sorted({col["at"][v] for v in vals if v in col["at"]})
         out = np.zeros(n, dtype=bool)

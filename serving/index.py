@@ -140,6 +140,7 @@ class DocStore:
         self._ids_lock = threading.Lock()
         self._id_table: object = None  # runbytes.IdTable, False where it cannot be used; built on first use
         self._by_id: dict[str, int] | None = None  # docno by doc_id, built on first lookup
+        self._order: np.ndarray | None = None  # global positions sorted by doc_id, built on first use
 
     def _ids_arrow(self) -> pa.ChunkedArray:
         """Every doc_id as one Arrow array (docno order), read at the first call."""
@@ -211,6 +212,42 @@ class DocStore:
                     self._by_id = dict(zip(self.all_ids.tolist(), docnos.tolist()))
                 by_id = self._by_id
         return by_id.get(doc_id)
+
+    # -- ids in sorted order (listing, prefixes) -------------------------------------------
+    def sorted_positions(self) -> np.ndarray:
+        """Every document's global position (shards concatenated in docno order, as filter
+        masks index them), sorted by doc_id (code point order); from the stored ranks, so
+        nothing is sorted here."""
+        order = self._order
+        if order is None:
+            order = np.empty(len(self._rank), dtype=np.int64)
+            order[np.asarray(self._rank)] = np.arange(len(self._rank), dtype=np.int64)
+            self._order = order
+        return order
+
+    def id_range(self, prefix: str) -> tuple[int, int]:
+        """``[lo, hi)``: where the doc_ids starting with ``prefix`` lie in
+        :meth:`sorted_positions` (two binary searches; an id's first ``len(prefix)``
+        characters sort as the ids do)."""
+        import bisect
+        order, ids, n = self.sorted_positions(), self.all_ids, len(prefix)
+
+        def head(j: int) -> str:
+            return ids[order[j]][:n]
+
+        lo = bisect.bisect_left(range(len(order)), prefix, key=head)
+        return lo, bisect.bisect_right(range(lo, len(order)), prefix, key=head) + lo
+
+    def docnos_at(self, positions: np.ndarray) -> np.ndarray:
+        """The docnos (``shard << 32 | local_id``) of global positions."""
+        positions = np.asarray(positions, dtype=np.int64)
+        shard = np.searchsorted(self._bounds, positions, side="right") - 1
+        return (shard.astype(np.int64) << 32) | (positions - self._bounds[shard])
+
+    def position_of(self, docno: int) -> int:
+        """The global position of ``docno``."""
+        s, i = split_docno(docno)
+        return int(self._bounds[s]) + i
 
     def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """The shard's docs file and the first row of each of its row groups (+ the row

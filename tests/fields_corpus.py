@@ -78,13 +78,15 @@ def matches(row: dict, flt: dict) -> bool:
     from funnel.pipelines.fields import parse_date
 
     def cond(name: str, op: str, want) -> bool:
-        v = row.get(name)
+        v = row["_id"] if name == "doc_id" else row.get(name)
         if op == "exists":
             return (v is not None) == want
         if v is None:
             return False
         if name == "day":
             v, want = parse_date(v), ([parse_date(x) for x in want] if isinstance(want, list) else parse_date(want))
+        if op == "prefix":
+            return any(x.startswith(want) for x in (v if isinstance(v, list) else [v]))
         if isinstance(v, list):
             if op in ("eq",):
                 return want in v

@@ -137,7 +137,12 @@ def test_columns_are_in_the_manifest_with_checksums(bm25_corpus):
 @pytest.mark.parametrize("flt, says", [
     ({"nope": 1}, "unknown filter field 'nope'; filterable fields: cat (keyword), day (date)"),
     ({"n": "x"}, "filter field 'n' is a number field: 'eq' takes a number, got \"x\""),
-    ({"cat": {"gte": "a"}}, "'cat' is a keyword field: operator 'gte' does not apply; use one of eq, in, exists"),
+    ({"cat": {"gte": "a"}}, "'cat' is a keyword field: operator 'gte' does not apply; use one of eq, in, prefix, exists"),
+    ({"n": {"prefix": "1"}}, "'n' is a number field: operator 'prefix' does not apply; use one of eq, in, gte"),
+    ({"cat": {"prefix": 3}}, "filter field 'cat' is a keyword field: 'prefix' takes a string, got 3"),
+    ({"doc_id": {"exists": True}}, "'doc_id' is a doc_id field: operator 'exists' does not apply; use one of eq, in, "
+                                   "prefix"),
+    ({"nope": 1}, "doc_id (the document id: eq, in, prefix)"),
     ({"day": {"lt": "June"}}, "'day' is a date field: 'lt' takes an ISO 8601 date string"),
     ({"tags": {"all": []}}, "'all' takes a non-empty list"),
     ({"flag": {"exists": "yes"}}, "'exists' takes true or false"),
@@ -176,6 +181,29 @@ def test_mask_equals_the_filter_interpreted_on_every_row(bm25):
         assert got == want, flt
         assert set(docnos[mask.allows_docnos(docnos)].tolist()) == want, flt
         assert mask.count == len(want)
+
+
+PREFIXES = [{"cat": {"prefix": "r"}}, {"cat": {"prefix": "run"}}, {"cat": {"prefix": ""}}, {"cat": {"prefix": "zz"}},
+            {"cat": {"prefix": "runbook"}}, {"cat": {"prefix": "runbookx"}}, {"tags": {"prefix": "b"}},
+            {"tags": {"prefix": "i"}}, {"tags": {"prefix": "q"}}, {"doc_id": {"prefix": "d000"}},
+            {"doc_id": {"prefix": "d01"}}, {"doc_id": {"prefix": "e"}}, {"doc_id": {"prefix": ""}},
+            {"doc_id": "d00007"}, {"doc_id": {"in": ["d01999", "d00000", "nope"]}},
+            {"doc_id": {"prefix": "d0019"}, "cat": {"prefix": "m"}}, {"not": {"doc_id": {"prefix": "d00"}}},
+            {"or": [{"doc_id": {"prefix": "d0000"}}, {"tags": {"prefix": "w"}}]}]
+
+
+@pytest.mark.parametrize("flt", PREFIXES, ids=[json.dumps(f) for f in PREFIXES])
+def test_prefix_and_doc_id_conditions_equal_the_filter_on_every_row(bm25, flt):
+    """``prefix`` on keyword and keyword_list fields and on the document id (a run of the sorted
+    vocabulary or ids): the mask is exactly the rows whose value starts with it, over 3 shards,
+    and a search under it returns only those."""
+    rows, vs = bm25
+    want = _allowed(vs, rows, flt)
+    mask = vs.mask(flt)
+    docnos = np.array([vs.index.docs.docno_of(r["_id"]) for r in rows], dtype=np.int64)
+    assert set(docnos[mask.allows_docnos(docnos)].tolist()) == want and mask.count == len(want)
+    hits = vs.search("river apple", k=50, filter=flt).hits
+    assert [h.docno for h in hits] == [n for n, _ in _brute_bm25(vs, "river apple", want)[:50]]
 
 
 def test_faiss_selectors_admit_exactly_each_shards_allowed_documents(bm25):
