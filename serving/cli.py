@@ -505,7 +505,7 @@ def cmd_serve(a) -> int:
     return serve(a.index, host=a.host, port=a.port, token=token, insecure=a.insecure,
                  max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a), allow_hosts=a.allow_host,
                  body_timeout_s=a.body_timeout or DEFAULT_BODY_TIMEOUT_S, scrub=_scrub(a),
-                 tokens=getattr(a, "tokens", None))
+                 tokens=getattr(a, "tokens", None), limits=_limits(a))
 
 
 def cmd_mcp(a) -> int:
@@ -518,7 +518,16 @@ def cmd_mcp(a) -> int:
                    insecure=a.insecure, allow_hosts=a.allow_host,
                    max_body_bytes=a.max_body_bytes or DEFAULT_MAX_BODY_BYTES, chat=_chat(a),
                    body_timeout_s=a.body_timeout or DEFAULT_BODY_TIMEOUT_S, scrub=_scrub(a),
-                   tokens=getattr(a, "tokens", None))
+                   tokens=getattr(a, "tokens", None), limits=_limits(a))
+
+
+def _limits(a):
+    """The ``ConnectionLimits`` of ``serve`` / ``mcp``'s --header-timeout, --keep-alive-timeout
+    and --max-connections (each left out: its default)."""
+    from .connections import ConnectionLimits
+    given = {"header_timeout_s": a.header_timeout, "keep_alive_s": a.keep_alive_timeout,
+             "max_connections": a.max_connections}
+    return ConnectionLimits(**{k: v for k, v in given.items() if v is not None})
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -687,6 +696,19 @@ def _add_exposure_arguments(p: argparse.ArgumentParser) -> None:
                          metavar="SECONDS", help="seconds a request body may take to arrive in full; a slower "
                                                  "one is answered 408 (default: %(server_default)s)")
     act.server_default = _LazyText(_body_timeout_default)
+    act = p.add_argument("--header-timeout", dest="header_timeout", type=_positive_seconds, default=None,
+                         metavar="SECONDS", help="seconds a client has to send a request's line and headers, "
+                                                 "from when it connects or its last response ended; then "
+                                                 "the connection is closed (default: %(server_default)s)")
+    act.server_default = _LazyText(lambda: f"{_limit_defaults().header_timeout_s:g}")
+    act = p.add_argument("--keep-alive-timeout", dest="keep_alive_timeout", type=_positive_seconds, default=None,
+                         metavar="SECONDS", help="seconds an idle connection stays open after a response "
+                                                 "(default: %(server_default)s)")
+    act.server_default = _LazyText(lambda: f"{_limit_defaults().keep_alive_s:g}")
+    act = p.add_argument("--max-connections", dest="max_connections", type=_positive_int, default=None,
+                         metavar="N", help="connections held at once; more are answered 503 and closed "
+                                           "(default: %(server_default)s)")
+    act.server_default = _LazyText(lambda: f"{_limit_defaults().max_connections}")
     act = p.add_argument("--scrub-interval", dest="scrub_interval", type=_non_negative_seconds, default=None,
                          metavar="SECONDS", help="seconds between background passes that re-hash the served "
                                                  "version's files and stop serving one that no longer matches "
@@ -695,6 +717,11 @@ def _add_exposure_arguments(p: argparse.ArgumentParser) -> None:
     act = p.add_argument("--scrub-rate", dest="scrub_rate", type=_positive_rate, default=None, metavar="MB/s",
                          help="MiB per second the background scrub may read (default: %(server_default)s)")
     act.server_default = _LazyText(lambda: f"{_scrub_defaults().rate_mb_s:g}")
+
+
+def _limit_defaults():
+    from .connections import ConnectionLimits
+    return ConnectionLimits()
 
 
 def _scrub_defaults():

@@ -1,7 +1,8 @@
 """HTTP front end (FastAPI): the same ``search()`` the CLI and MCP call, as JSON.
 
     funnel serve INDEX_ROOT [--host 127.0.0.1] [--port 8765] [--token TOKEN] [--insecure]
-                            [--max-body-bytes 1048576] [--body-timeout 30]
+                            [--max-body-bytes 1048576] [--body-timeout 30] [--header-timeout 10]
+                            [--keep-alive-timeout 5] [--max-connections 256]
 
     POST /search            {"query": "...", "mode": "bm25", "k": 10, "options": {}}
                             -> SearchResult.to_dict(): {query, mode, summary, hits, trace}
@@ -31,8 +32,10 @@ token check and before it is read, and the time the body may take to arrive
 (:class:`RequestGuard`), then the fields (term count and length, options, k), then every
 option value, a finite number in its range (``serving/options.py``, in ``search()``); what
 is over a limit, or is not text (a lone surrogate), is a 4xx naming the limit, never a 500.
-With a token, every path but ``/health`` needs ``Authorization: Bearer TOKEN``, ``/docs``
-and ``/openapi.json`` included. Beyond loopback, :func:`serve` refuses to start without
+Connections are bounded by ``serving/connections.py`` (a request head within
+``--header-timeout``, idle ones closed after ``--keep-alive-timeout``, at most
+``--max-connections`` open). With a token, every path but ``/health`` needs
+``Authorization: Bearer TOKEN``, ``/docs`` and ``/openapi.json`` included. Beyond loopback, :func:`serve` refuses to start without
 a token unless told ``insecure=True`` (``--insecure``).
 The searcher is read-only, so requests run concurrently in the threadpool (``def``
 endpoints); at most once a second a request first checks whether CURRENT moved and, if so,
@@ -64,6 +67,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from funnel.pipelines.artifacts import IndexFormatError
 
 from .citations import MAX_RANGE_CHARS
+from .connections import ConnectionLimits, uvicorn_config
 from .scrub import ScrubConfig, start_scrub
 from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
 
@@ -779,7 +783,8 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
 def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
           allow_hosts: Iterable[str] = (), body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-          scrub: ScrubConfig | None = None, tokens: str | None = None) -> int:
+          scrub: ScrubConfig | None = None, tokens: str | None = None,
+          limits: ConnectionLimits | None = None) -> int:
     """Serve ``index_root`` over HTTP with uvicorn until interrupted.
 
     Once listening, logs (INFO) the URL, the index and version, the modes it answers and
@@ -813,6 +818,10 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         A tokens file (``serving/principals.py``): each caller's token names its principal and
         groups, and its searches and fetches see only what the documents' ACLs let it read;
         reloaded when it changes. ``token`` stays the administrator's, who sees everything.
+    limits
+        How long a request head may take and an idle connection may stay, and how many
+        connections are held at once (``serving.connections``; default ``ConnectionLimits()``:
+        10 s, 5 s, 256).
 
     Returns
     -------
@@ -854,7 +863,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
                          "required (Authorization: Bearer ...)" if token or tokens else "not required")
 
     level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING)).lower()
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level=level))
+    server = Server(uvicorn_config(app, host, port, limits, log_level=level))
     try:
         server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use

@@ -69,6 +69,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from funnel.pipelines.artifacts import IndexFormatError
 
 from .citations import MAX_RANGE_CHARS
+from .connections import ConnectionLimits, uvicorn_config
 from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS,
                    MAX_TERMS, RefreshThrottle, RequestGuard, Term, Text, caller_of, check_exposure, check_options,
                    check_range, get_documents as get_documents_of, index_status, search_with_options,
@@ -397,7 +398,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
             token: str | None = None, insecure: bool = False, allow_hosts: Iterable[str] = (),
             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
             body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, scrub: ScrubConfig | None = None,
-            tokens: str | None = None) -> int:
+            tokens: str | None = None, limits: ConnectionLimits | None = None) -> int:
     """Serve ``index_root`` as an MCP server until the client disconnects or interrupted.
 
     Parameters
@@ -431,6 +432,9 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         streamable-http only: a tokens file (``serving/principals.py``); each caller's tool
         calls run as its principal (ACLs apply), reloaded when the file changes. ``token``
         stays the administrator's.
+    limits
+        streamable-http only: the request-head deadline, the idle keep-alive time and the
+        number of connections held at once (``serving.connections``).
 
     Returns
     -------
@@ -486,7 +490,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     log.info("MCP server for %s on http://%s:%d/mcp; token %s; Host headers accepted: %s", index_root, shown,
              port, "required (Authorization: Bearer ...)" if token or tokens else "not required",
              ", ".join(h for h in hosts if not h.endswith(":*")))
-    http_server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    http_server = uvicorn.Server(uvicorn_config(app, host, port, limits))
     try:
         http_server.run()
     except SystemExit as e:  # uvicorn exits on startup failures such as a port in use

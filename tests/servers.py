@@ -1,4 +1,5 @@
-"""Helpers the server tests share: a free port on 127.0.0.1 and an app under a real uvicorn."""
+"""Helpers the server tests share: a free port on 127.0.0.1 and an app under a real uvicorn,
+configured as ``funnel serve`` configures it (``serving.connections``)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live_server(app):
-    """``app`` under a real uvicorn on 127.0.0.1 in a background thread; yields the port and
-    stops the server on exit."""
+def live_server(app, limits=None):
+    """``app`` under a real uvicorn on 127.0.0.1 in a background thread, with the connection
+    bounds ``limits`` (a ``ConnectionLimits``; default: the servers' defaults); yields the
+    port and stops the server on exit."""
     import uvicorn
+
+    from funnel.serving.connections import uvicorn_config
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, limits))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.monotonic() + START_TIMEOUT_S
