@@ -394,6 +394,20 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
     return server
 
 
+def mcp_http_app(searcher: Searcher, host: str, hosts: list[str], token: str | None = None, tokens=None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+    """The streamable-HTTP MCP app over ``searcher`` as :func:`run_mcp` serves it: the MCP
+    server's app (``Host`` checked against ``hosts``, :func:`allowed_hosts`) behind the same
+    :class:`RequestGuard` as the HTTP API, with ``token`` and ``tokens`` (a ``TokenFile``)."""
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
+    server = build_mcp_server(searcher, token=token, tokens=tokens)
+    return RequestGuard(server.streamable_http_app(transport_security=security, host=host,
+                                                   max_request_body_size=max_body_bytes),
+                        token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, tokens=tokens)
+
+
 def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,
             token: str | None = None, insecure: bool = False, allow_hosts: Iterable[str] = (),
             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, chat=None,
@@ -475,17 +489,11 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     token_file = TokenFile(tokens) if tokens else None
     check_exposure(host, token or tokens, insecure, f"MCP for {index_root}")
     hosts = allowed_hosts(host, allow_hosts)
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-        allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
     ix = open_index(index_root, chat=chat)
     log.info("warm-up query answered in %.2fs", ix.warm())  # before listening: no request pays it
     scrubbing = start_scrub(ix.follower, scrub)
-    server = build_mcp_server(ix, token=token, tokens=token_file)
-    app = RequestGuard(server.streamable_http_app(transport_security=security, host=host,
-                                                  max_request_body_size=max_body_bytes),
-                       token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
-                       tokens=token_file)
+    app = mcp_http_app(ix, host, hosts, token=token, tokens=token_file, max_body_bytes=max_body_bytes,
+                       body_timeout_s=body_timeout_s)
     shown = f"[{host}]" if ":" in host else host
     log.info("MCP server for %s on http://%s:%d/mcp; token %s; Host headers accepted: %s", index_root, shown,
              port, "required (Authorization: Bearer ...)" if token or tokens else "not required",

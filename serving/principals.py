@@ -10,8 +10,9 @@
 
 (``printf %s TOKEN | sha256sum`` gives the key), so the file holds no token itself. It is
 read again when its modification time or size changes, at most once a second, without a
-restart: a removed line stops authenticating at once; a file that no longer parses keeps
-the last good mapping and logs why. The single ``--token`` authenticates an administrator,
+restart: a removed line stops authenticating at once; a file that no longer parses (or
+nests deeper than ``MAX_DEPTH`` levels, measured before parsing: ``serving/safejson.py``)
+keeps the last good mapping and logs why, and at start is refused with a ValueError. The single ``--token`` authenticates an administrator,
 who sees every document. A request is searched as its principal: it sees a document that is
 public or whose ``acl`` names the principal or one of its groups (``serving/filters.py``).
 """
@@ -26,11 +27,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .safejson import check_depth
+
 log = logging.getLogger(__name__)
 
 #: Seconds between two checks of the tokens file's stat.
 RELOAD_CHECK_S = 1.0
 MAX_NAME_CHARS = 256
+#: JSON levels a tokens file may nest: its own shape takes 3 ({digest: {"groups": [...]}}).
+MAX_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -81,8 +86,12 @@ def parse_tokens(data: object, where: str) -> dict[str, Principal]:
         if not isinstance(entry, dict) or "principal" not in entry:
             raise ValueError(f"{where}: entry {d[:12]}… must be an object with \"principal\" "
                              "(and optional \"groups\")")
+        groups = entry.get("groups") or []
+        if not isinstance(groups, list):
+            raise ValueError(f"{where}: entry {d[:12]}…: \"groups\" must be a list of names, got "
+                             f"{type(groups).__name__}")
         try:
-            out[d] = principal(entry["principal"], tuple(entry.get("groups") or ()))
+            out[d] = principal(entry["principal"], tuple(groups))
         except ValueError as e:
             raise ValueError(f"{where}: entry {d[:12]}…: {e}") from None
     return out
@@ -105,9 +114,11 @@ class TokenFile:
         st = os.stat(self.path)
         with open(self.path, "rb") as f:
             raw = f.read()
+        check_depth(raw, MAX_DEPTH, f"{self.path}: the tokens file (a JSON object of sha256 hex to "
+                                    '{"principal": NAME, "groups": [...]})')
         try:
             data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
             raise ValueError(f"{self.path}: not valid JSON ({e})") from None
         table = parse_tokens(data, self.path)
         self._stat = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -128,10 +139,11 @@ class TokenFile:
                 self._table = self._read()
                 self.error = None
                 log.info("tokens file %s reloaded: %d principals", self.path, len(self._table))
-            except (OSError, ValueError) as e:
-                if str(e) != self.error:
-                    log.error("tokens file %s could not be reloaded; keeping the last good one: %s", self.path, e)
-                self.error = str(e)
+            except Exception as e:  # noqa: BLE001 - whatever the file holds, the last good mapping serves on
+                why = str(e) if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {e}"
+                if why != self.error:
+                    log.error("tokens file %s could not be reloaded; keeping the last good one: %s", self.path, why)
+                self.error = why
 
     def lookup(self, token: str) -> Principal | None:
         """The principal ``token`` authenticates, or None."""
@@ -146,8 +158,8 @@ class TokenFile:
 
 class AsPrincipal:
     """A searcher bound to one principal: ``search``, ``search_batch``, ``get_document``,
-    ``get_documents`` and ``term_stats`` run as it (``as_principal(open_index(root), principal("alice", ["eng"]))``).
-    The same guarantees as the servers give their callers; in-process code that holds the
+    ``get_documents``, ``list_documents`` and ``term_stats`` run as it
+    (``as_principal(open_index(root), principal("alice", ["eng"]))``). The same guarantees as the servers give their callers; in-process code that holds the
     searcher itself can still read everything, as the CLI does."""
 
     def __init__(self, searcher, who: Principal):
@@ -163,8 +175,11 @@ class AsPrincipal:
     def get_document(self, doc_id: str, *args, **kwargs) -> dict | None:
         return self._searcher.get_document(doc_id, *args, principal=self.principal, **kwargs)
 
-    def get_documents(self, doc_ids: list[str], *args, **kwargs) -> dict:
+    def get_documents(self, doc_ids: list[str] | None = None, *args, **kwargs) -> dict:
         return self._searcher.get_documents(doc_ids, *args, principal=self.principal, **kwargs)
+
+    def list_documents(self, *args, **kwargs) -> dict:
+        return self._searcher.list_documents(*args, principal=self.principal, **kwargs)
 
     def term_stats(self, terms: list[str]) -> list[dict]:
         return self._searcher.term_stats(terms, principal=self.principal)

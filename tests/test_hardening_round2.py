@@ -55,6 +55,7 @@ def acl_index(tmp_path_factory):
 @pytest.fixture(scope="module")
 def searcher(acl_index):
     with open_index(acl_index[1]) as s:
+        s.warm()  # compiled kernels loaded (or compiled) before any request waits on them
         yield s
 
 
@@ -187,3 +188,92 @@ def test_connection_limits_refuse_nonsense_in_python():
                    {"max_connections": 0}):
         with pytest.raises(ValueError, match="must be"):
             ConnectionLimits(**kwargs)
+
+
+# -- 5. a tokens file nested 10,000 deep -----------------------------------------------------
+
+DEEP_JSON = "[" * 10_000 + "]" * 10_000
+ALICE_TOKEN = "alice-token-r2"
+BOB_TOKEN = "bob-token-r2"
+
+
+def write_tokens(path, **who: list[str]) -> None:
+    from funnel.serving.principals import token_digest
+    tokens = {"alice": ALICE_TOKEN, "bob": BOB_TOKEN}
+    path.write_text(json.dumps({token_digest(tokens[name]): {"principal": name, "groups": groups}
+                                for name, groups in who.items()}))
+
+
+def mcp_call(port: int, token: str, tool: str, args: dict):
+    """One tool call with the real MCP client over streamable HTTP, as ``token``'s caller."""
+    import anyio
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main_():
+        with anyio.fail_after(120):
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client, \
+                    streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client) as (read, write), \
+                    ClientSession(read, write, read_timeout_seconds=60) as s:
+                await s.initialize()
+                return await s.call_tool(tool, args)
+    return anyio.run(main_)
+
+
+def mcp_app(searcher, tokens=None):
+    from funnel.serving.http import allowed_hosts
+    from funnel.serving.mcp import mcp_http_app
+    return mcp_http_app(searcher, "127.0.0.1", allowed_hosts("127.0.0.1"), tokens=tokens)
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_a_deep_tokens_file_is_refused_at_start(acl_index, tmp_path, command):
+    deep = tmp_path / "tokens.json"
+    deep.write_text(DEEP_JSON)
+    extra = ["--transport", "streamable-http"] if command == "mcp" else []
+    r = run_cli(command, acl_index[1], *extra, "--port", str(free_port()), "--tokens", str(deep))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert "tokens file" in r.stderr and "nests 10,000 levels deep; at most 16" in r.stderr, r.stderr
+
+
+def test_a_tokens_file_rewritten_deep_keeps_the_last_good_mapping(searcher, tmp_path):
+    """Over HTTP and MCP at once (one file, two servers): every request after the file became
+    10,000 levels deep is answered as before, for as long as it stays so (it was a 500 each
+    second, for ever); a good file is picked up again afterwards."""
+    from funnel.serving.principals import TokenFile
+    path = tmp_path / "tokens.json"
+    write_tokens(path, alice=["eng"])
+    tokens = TokenFile(str(path), check_s=0)  # re-checked on every request
+    with live_server(create_app(searcher, tokens=tokens)) as port, \
+            live_server(mcp_app(searcher, tokens=tokens)) as mcp_port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+        alice = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+        before = http.get("/status", headers=alice)
+        assert before.status_code == 200 and before.json()["restricted"] is True
+        path.write_text(DEEP_JSON)
+        for _ in range(3):
+            r = http.get("/status", headers=alice)
+            assert r.status_code == 200 and r.json()["n_docs"] == before.json()["n_docs"], r.text
+            r = http.post("/search", json={"query": "river", "k": 3}, headers=alice)
+            assert r.status_code == 200, r.text
+            time.sleep(0.05)
+        assert "nests 10,000 levels deep" in tokens.error
+        res = mcp_call(mcp_port, ALICE_TOKEN, "status", {})
+        assert not res.is_error and res.structured_content["restricted"] is True, res.content[0].text
+        assert http.get("/status", headers={"Authorization": f"Bearer {BOB_TOKEN}"}).status_code == 401
+        write_tokens(path, bob=[])  # a good file again: alice is out, bob is in
+        assert http.get("/status", headers=alice).status_code == 401
+        assert http.get("/status", headers={"Authorization": f"Bearer {BOB_TOKEN}"}).status_code == 200
+        assert tokens.error is None
+
+
+def test_tokens_file_entries_of_the_wrong_shape_are_refused(tmp_path):
+    from funnel.serving.principals import TokenFile, token_digest
+    path = tmp_path / "tokens.json"
+    for entry, says in (({"principal": "alice", "groups": "eng"}, "must be a list"),
+                        ({"principal": "alice", "groups": 5}, "must be a list")):
+        path.write_text(json.dumps({token_digest("t"): entry}))
+        with pytest.raises(ValueError, match=says):
+            TokenFile(str(path))
