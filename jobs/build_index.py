@@ -556,7 +556,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           enrich_cache: str | None = "default", shared_disk: bool | None = None,
           shard_mib: int | None = None, limits: dict | None = None, fields=None,
           acl_absent: str = "public", passages=None, bm25_passages: bool = False,
-          dense_memory_budget: int | str | None = None) -> BuildReport:
+          dense_memory_budget: int | str | None = None, include=(), exclude=(),
+          follow_links: bool = False) -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
@@ -578,6 +579,10 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
 
     ``limits`` bounds every corpus row (:class:`funnel.pipelines.corpus.CorpusSpec`'s
     ``max_depth``, ``max_field_bytes``, ``max_row_bytes``; unset: the defaults).
+
+    ``include``, ``exclude`` (``.gitignore`` patterns, matched against a file's path in the
+    folder) and ``follow_links`` (read symbolic links that leave the folder) choose the files
+    of a folder of documents (:mod:`funnel.pipelines.selection`, :mod:`funnel.pipelines.walk`).
 
     ``enrich`` (a :class:`funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
     the embedded SmolLM2) adds SIRA corpus enrichment after the DF reduce
@@ -618,7 +623,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     if acl_absent not in ACL_ABSENT:
         raise ValueError(f"unknown --acl-absent {acl_absent!r}; choose one of {', '.join(ACL_ABSENT)}")
     spec = CorpusSpec(path=corpus, format=fmt, id_field=id_field, title_field=title_field,
-                      text_field=text_field, **(limits or {}), fields=parse_declaration(fields))
+                      text_field=text_field, **(limits or {}), fields=parse_declaration(fields),
+                      include=tuple(include or ()), exclude=tuple(exclude or ()), follow_links=follow_links)
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)
     from funnel.pipelines.folder import listing_summary
     files_info = listing_summary(chunks)  # readable, skipped and hidden files of a folder corpus, else None
@@ -672,8 +678,6 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
         log.info("lexical: %d documents in %d shards, %d rejected, %.1fs", n_docs, shards, n_rejects,
                  timings["read_analyze_shard"])
-        if n_rejects:
-            log.warning("%d rows rejected; see %s", n_rejects, "rejects.jsonl in the new version")
         if strict and n_rejects:
             with open(os.path.join(staging, "rejects.jsonl")) as f:
                 first = [json.loads(line) for _, line in zip(range(3), f)]
@@ -770,6 +774,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     secs = round(time.time() - t0, 2)
     log.info("published %s/%s: %d docs, %d rejects, %.1fs, engine %s", out, version, n_docs, n_rejects, secs,
              engine_name)
+    if n_rejects:  # only now: a build that publishes nothing has no version to point at
+        log.warning("%d rows rejected; see %s", n_rejects, os.path.join(out, version, "rejects.jsonl"))
     return BuildReport(version, out, n_docs, n_rejects, shards, secs, timings,
                        os.path.join(out, version, "rejects.jsonl"), ray=ray_info, dense=manifest["dense"],
                        engine=engine_info, shard_plan=shard_info, enrichment=enrichment, files=files_info,
@@ -794,6 +800,24 @@ def add_corpus_arguments(p) -> None:
                    help="the document id field (default: the first of _id, id, docid, doc_id present)")
     p.add_argument("--title-field", default="title", help="the title field")
     p.add_argument("--text-field", default="text", help="the text field")
+
+
+def add_folder_arguments(p, reindex: bool = False) -> None:
+    """Which files of a folder of documents are read (build and reindex; a reindex's default
+    is what the live version recorded)."""
+    was = " (default: the live version's)" if reindex else ""
+    p.add_argument("--include", action="append", default=None, metavar="PATTERN",
+                   help="a folder corpus: read only files matching one of these .gitignore-style patterns on "
+                        f"their path in the folder, e.g. 'docs/**/*.md' or '*.html'; repeatable"
+                        f"{was or ' (default: every file)'}")
+    p.add_argument("--exclude", action="append", default=None, metavar="PATTERN",
+                   help="a folder corpus: leave out files and folders matching these .gitignore-style patterns, "
+                        "after the folder's .funnelignore, e.g. 'drafts/' or '**/*.draft.md'; repeatable"
+                        f"{was or ' (default: none)'}")
+    p.add_argument("--follow-links", action=argparse.BooleanOptionalAction, default=None if reindex else False,
+                   help="a folder corpus: also read symbolic links that lead outside the folder (they may expose "
+                        "any file this process can read; links are never followed twice, so loops end); off: "
+                        f"such links are skipped and listed in rejects.jsonl{was or ' (default: off)'}")
 
 
 def add_limit_arguments(p) -> None:
@@ -838,6 +862,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--no-shared-disk: they send their files back through Ray (default: auto, in place only "
                         "on a Ray that runs on this machine alone)")
     add_corpus_arguments(p)
+    add_folder_arguments(p)
     add_limit_arguments(p)
     p.add_argument("--fields", default=None, metavar="NAME:TYPE,...|@FILE",
                    help="the filterable fields, e.g. year:number,tags:keyword_list,updated:date, or @schema.json "
@@ -916,7 +941,15 @@ def describe_report(rep: BuildReport) -> str:
     if rep.files:
         f = rep.files
         lines.append(f"  files: {f['readable']} read ({', '.join(f'{k} {v}' for k, v in f['by_type'].items())}), "
-                     f"{f['skipped']} skipped of other types, {f['hidden']} hidden skipped")
+                     f"{f['skipped']} skipped of other types, {f['hidden']} hidden skipped"
+                     + (f", {f['excluded']} excluded" if f.get("excluded") else "")
+                     + (" (.funnelignore)" if f.get("funnelignore") else ""))
+        links = f.get("links") or {}
+        if any(links.values()) or f.get("bad_names"):
+            lines.append(f"  links: {links.get('followed', 0)} followed, {links.get('outside', 0)} leading outside "
+                         f"the folder skipped, {links.get('broken', 0)} broken, {links.get('repeated', 0)} to "
+                         f"files or folders already read; {f.get('bad_names', 0)} names not UTF-8 (each skip a "
+                         "reject, in rejects.jsonl)")
     if rep.dense:
         fp = rep.dense.get("fingerprint") or {}
         per = ""
@@ -989,6 +1022,8 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
                 fields=getattr(a, "fields", None), acl_absent=getattr(a, "acl_absent", "public"),
                 passages=passage_settings_from_args(a), bm25_passages=getattr(a, "bm25_passages", False),
                 dense_memory_budget=getattr(a, "dense_memory_budget", None),
+                include=getattr(a, "include", None) or (), exclude=getattr(a, "exclude", None) or (),
+                follow_links=bool(getattr(a, "follow_links", False)),
                 enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))

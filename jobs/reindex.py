@@ -46,6 +46,9 @@ from funnel.jobs.build_index import (BuildError, HelpFormatter, collect_rejects,
 log = logging.getLogger("funnel.build")
 
 EXECUTORS = ("auto", "local", "ray")
+#: Fields of a folder's file that change without its content: a change of these alone is none
+#: (the reindex keeps the indexed values and publishes nothing for it).
+VOLATILE_FILE_FIELDS = ("mtime",)
 #: Manifest keys that publish() writes; a reindex starts from the live manifest without them.
 _PUBLISH_KEYS = ("files", "created_at", "parent", "format_version", "manifest_checksum")
 
@@ -72,6 +75,7 @@ class ReindexReport:
     dense: dict | None = None     # vectors: reused (from the live version), from_cache, embedded
     enrichment: dict | None = None  # an enriched index's new enrichment section (its counts: cached, asked)
     fields_changed: int = 0  # documents whose text is unchanged and whose fields (an ACL, a label) are not
+    touched: int = 0  # folder files whose modification time alone changed (kept as indexed: not a change)
 
     @property
     def published(self) -> bool:
@@ -401,6 +405,7 @@ def _reindex_enriched(root: str, local: str, corpus: str, base: str, vdir: str, 
                 dense=want_dense, embed_model=model, embed_batch_size=embed_batch_size, num_cpus=num_cpus,
                 engine="ray" if executor == "ray" else "local", enrich=settings, enrich_cache=enrich_cache,
                 fields=spec.fields, acl_absent=(live.get("fields") or {}).get("acl_absent", "public"),
+                include=spec.include, exclude=spec.exclude, follow_links=spec.follow_links,
                 passages=_passage_settings(live), dense_memory_budget=(live.get("dense") or {}).get("memory_budget"))
     diff = _content_diff(vdir, os.path.join(local, rep.version))
     secs = round(time.time() - t0, 2)
@@ -418,7 +423,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             embed_model: str | None = None, embed_batch_size: int = 64, executor: str = "auto",
             num_cpus: int | None = None, chunk_bytes: int = 4 << 20,
             embed_cache: str | None = "default", llm: tuple[str, str] | None = None,
-            enrich_cache: str | None = "default") -> ReindexReport:
+            enrich_cache: str | None = "default", include=None, exclude=None,
+            follow_links: bool | None = None) -> ReindexReport:
     """Publish the next version of ``index_root`` for ``corpus``, reusing the live version.
 
     Parameters
@@ -434,6 +440,10 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         After publishing, delete all but the newest N versions (never the live one).
     fmt, id_field, title_field, text_field : str, optional
         Corpus reading options; default: the live version's.
+    include, exclude, follow_links : optional
+        Which files of a folder corpus are read (patterns, links out of the folder); default:
+        the live version's (its manifest's ``corpus.spec``). A folder file whose modification
+        time alone changed is no change: its fields keep the indexed ``mtime``.
     strict : bool
         Publish nothing if any row is rejected.
     force : bool
@@ -489,7 +499,12 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                       id_field=id_field if id_field is not None else live_spec.get("id_field"),
                       title_field=title_field or live_spec.get("title_field", "title"),
                       text_field=text_field or live_spec.get("text_field", "text"),
-                      fields=live_spec.get("fields"))  # declared at build: a wrong-typed value is a reject
+                      fields=live_spec.get("fields"),  # declared at build: a wrong-typed value is a reject
+                      # a folder is listed as its build listed it, unless these are given
+                      include=tuple(include if include is not None else live_spec.get("include") or ()),
+                      exclude=tuple(exclude if exclude is not None else live_spec.get("exclude") or ()),
+                      follow_links=bool(follow_links if follow_links is not None
+                                        else live_spec.get("follow_links", False)))
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)  # a missing corpus fails here, before any write
     n_shards = len(live["shards"])
     want_dense = bool(live.get("dense")) if dense is None else bool(dense)
@@ -532,18 +547,21 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         t = time.time()
         analyzer = Analyzer()
         passages = _passage_settings(live)
+        # A folder's files: a new modification time alone (a touch, a copy, a checkout) is no change.
+        volatile = VOLATILE_FILE_FIELDS if chunks and chunks[0].kind == "files" else ()
         shard_rows = _map(executor, reindex_shard, [(s, work, vdir, staging, analyzer.config.to_dict(), vectors,
-                                                     passages.enabled) for s in range(n_shards)])
+                                                     passages.enabled, volatile) for s in range(n_shards)])
         shard_rows.sort(key=lambda r: r["shard"])
         timings["diff_shards"] = round(time.time() - t, 2)
         diff = {k: sum(int(r[k]) for r in shard_rows)
                 for k in ("unchanged", "fields_changed", "changed", "added", "deleted")}
+        touched = sum(int(r.get("touched", 0)) for r in shard_rows)
         rebuilt = sum(1 for r in shard_rows if not r["copied"])
         n_docs = sum(int(r["n_docs"]) for r in shard_rows)
         n_rejects = collect_rejects(work, os.path.join(staging, "rejects.jsonl"))
-        log.info("reindex: %d unchanged, %d with new fields only, %d changed, %d added, %d deleted; %d rejected; "
-                 "%d of %d shards rebuilt", diff["unchanged"], diff["fields_changed"], diff["changed"], diff["added"],
-                 diff["deleted"], n_rejects, rebuilt, n_shards)
+        log.info("reindex: %d unchanged (%d with only a new modification time), %d with new fields only, %d changed, "
+                 "%d added, %d deleted; %d rejected; %d of %d shards rebuilt", diff["unchanged"], touched,
+                 diff["fields_changed"], diff["changed"], diff["added"], diff["deleted"], n_rejects, rebuilt, n_shards)
         if n_docs == 0:
             kept, _ = keep_rejects(work, local, staging)
             raise BuildError(f"no valid documents in {corpus}: all {sum(r['rows'] + r['rejects'] for r in read)} "
@@ -562,7 +580,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             release_staging(staging, remove=True)
             secs = round(time.time() - t0, 2)
             return ReindexReport(None, base, root, n_docs, n_rejects, **diff, shards_rebuilt=0, n_shards=n_shards,
-                                 seconds=secs, executor=executor, stage_seconds=timings)
+                                 seconds=secs, executor=executor, stage_seconds=timings, touched=touched)
 
         t = time.time()
         # Fields or ACLs alone changed (or --force with no change): every shard holds the live
@@ -625,7 +643,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
                                                          engine="local" if executor == "local" else "auto",
                                                          num_cpus=num_cpus)
             timings["bm25_passages"] = round(time.time() - t, 2)
-        manifest["reindex"] = {"base": base, **diff, "shards_rebuilt": rebuilt, "vectors": vec_counts}
+        manifest["reindex"] = {"base": base, **diff, "touched": touched, "shards_rebuilt": rebuilt,
+                               "vectors": vec_counts}
         manifest["build"]["seconds"] = round(time.time() - t0, 2)
         version = publish_to(root, staging, manifest, keep=keep_versions)
     except BaseException:
@@ -637,7 +656,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     log.info("published %s/%s (parent %s): %d docs, %d rejects, %.1fs", root, version, base, n_docs, n_rejects, secs)
     return ReindexReport(version, base, root, n_docs, n_rejects, **diff, shards_rebuilt=rebuilt, n_shards=n_shards,
                          seconds=secs, executor=executor, stage_seconds=timings,
-                         rejects_path=os.path.join(root, version, "rejects.jsonl"), dense=vec_counts)
+                         rejects_path=os.path.join(root, version, "rejects.jsonl"), dense=vec_counts, touched=touched)
 
 
 def _copy_live_files(vdir: str, live: dict, staging: str) -> None:
@@ -708,6 +727,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id-field", default=None, help="the document id field (default: the live version's)")
     p.add_argument("--title-field", default=None, help="the title field (default: the live version's)")
     p.add_argument("--text-field", default=None, help="the text field (default: the live version's)")
+    from funnel.jobs.build_index import add_folder_arguments
+    add_folder_arguments(p, reindex=True)
     p.add_argument("--embed-model", default=None,
                    help="embedding model for --dense (default: the live version's, else all-MiniLM-L6-v2); "
                         "another model re-embeds every document")
@@ -734,6 +755,9 @@ def describe_report(rep: ReindexReport) -> str:
             f"{rep.n_rejects} rejected")
     if rep.fields_changed:
         diff = f"{rep.fields_changed} with new fields only (nothing analyzed or embedded), " + diff
+    if rep.touched:
+        diff += (f"; {rep.touched} files with only a new modification time (no change: their content is the "
+                 "same, and their mtime field stays as indexed)")
     if not rep.published:
         return (f"no changes: {rep.index_root}/{rep.base_version} stays live ({diff}; {rep.seconds:.1f}s); "
                 "nothing published (--force publishes anyway)")
@@ -753,7 +777,8 @@ def run_from_args(a: argparse.Namespace) -> ReindexReport:
     rep = reindex(a.index, a.corpus, dense=a.dense, keep_versions=a.keep_versions, fmt=a.fmt, id_field=a.id_field,
                   title_field=a.title_field, text_field=a.text_field, strict=a.strict, force=a.force,
                   embed_model=a.embed_model, embed_batch_size=a.embed_batch_size, executor=a.executor,
-                  num_cpus=a.num_cpus, llm=llm_endpoint_of(a), enrich_cache=None if a.enrich_cache == "none" else a.enrich_cache)
+                  num_cpus=a.num_cpus, llm=llm_endpoint_of(a), enrich_cache=None if a.enrich_cache == "none" else a.enrich_cache,
+                  include=a.include, exclude=a.exclude, follow_links=a.follow_links)
     print(describe_report(rep))
     return rep
 

@@ -66,6 +66,11 @@ class CorpusSpec:
     ``id_field`` None means: the first of ``_id``, ``id``, ``docid``, ``doc_id`` present.
     ``max_depth``, ``max_field_bytes`` and ``max_row_bytes`` bound every row (a row over one
     is a reject naming the field and the limit).
+
+    ``include``, ``exclude`` (``.gitignore`` patterns) and ``follow_links`` say which files of
+    a folder of documents are read (:mod:`funnel.pipelines.selection`,
+    :mod:`funnel.pipelines.walk`); they are recorded in the manifest with the rest of the
+    spec, so a reindex lists the folder as its build did.
     """
 
     path: str
@@ -78,8 +83,22 @@ class CorpusSpec:
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     #: Filterable fields declared at build, {name: type} (``pipelines.fields``); None: inferred.
     fields: dict | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: Read symbolic links that leave the corpus folder (off: they are skipped and rejected).
+    follow_links: bool = False
 
     def __post_init__(self):
+        if self.include or self.exclude:  # a manifest's lists, or flags: tuples, each pattern checked
+            from .selection import normalize_patterns
+            inc, exc = normalize_patterns(self.include, self.exclude)
+            object.__setattr__(self, "include", inc)
+            object.__setattr__(self, "exclude", exc)
+        else:
+            object.__setattr__(self, "include", ())
+            object.__setattr__(self, "exclude", ())
+        if not isinstance(self.follow_links, bool):
+            raise ValueError(f"follow_links (--follow-links) must be true or false, got {self.follow_links!r}")
         if self.format not in FORMATS:
             raise ValueError(f"unknown corpus format {self.format!r}; choose one of {', '.join(FORMATS)}")
         if not (isinstance(self.max_depth, int) and 1 <= self.max_depth <= MAX_DEPTH_CAP):
@@ -159,6 +178,49 @@ def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(path)
 
 
+def _all_files(fs: pafs.FileSystem, root: str, spec: CorpusSpec) -> list[str]:
+    """Every file under the folder ``root``, sorted; a local folder walked without leaving it
+    (links out of it skipped unless ``spec.follow_links``, loops ended: :mod:`.walk`)."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        sel = pafs.FileSelector(root, recursive=True)
+        return sorted(f.path for f in fs.get_file_info(sel) if f.type == pafs.FileType.File)
+    from .selection import Rules
+    from .walk import walk_local
+    walk = walk_local(root, Rules(), follow_links=spec.follow_links, skip_hidden=False)
+    return sorted(f.path for f in walk.files)
+
+
+def _looks_like_jsonl(head: bytes) -> bool:
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+
+
+def single_file_format(fs: pafs.FileSystem, path: str) -> str:
+    """The format of a corpus that is one file, by its name and first bytes: ``parquet``,
+    ``jsonl`` (also compressed, or a ``.txt`` of JSON objects), or ``files`` for one document
+    (Markdown, text, HTML, PDF: a folder of one). A :class:`CorpusError` for a file that is
+    none of them, naming what is read."""
+    from .formats import READERS, extension, readable
+    name = path.rsplit("/", 1)[-1].lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(JSONL_SUFFIXES) or ".jsonl." in name or ".json." in name:
+        return "jsonl"  # rows.jsonl.xz too: compression_of names the compressions funnel cannot read
+    with fs.open_input_stream(path, compression=None) as f:
+        head = f.read(4096)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if any(head.startswith(m) for m in CODECS):
+        return "jsonl"  # compressed JSONL under another name (a .zip is not: it is a .docx as often)
+    if readable(name):
+        return "jsonl" if extension(name) in (".txt", ".text") and _looks_like_jsonl(head) else "files"
+    if _looks_like_jsonl(head) or not head.strip():
+        return "jsonl"
+    raise CorpusError(f"cannot tell what {path} holds: a corpus file is JSONL (.jsonl, .json; compressed .jsonl.gz, "
+                      f".jsonl.zst, .jsonl.bz2), Parquet (.parquet), or one document "
+                      f"({', '.join(sorted(READERS))}), and {name!r} looks like none of them. Rename it, or say "
+                      "which it is with --format jsonl or --format parquet")
+
+
 def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
     """Find the files of a corpus and its format. Raises a clear error for a bad path."""
     fs, root = _filesystem(spec.path)
@@ -166,7 +228,7 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(
             f"corpus path {spec.path!r} does not exist; pass a BEIR directory (with corpus.jsonl), "
-            "a .jsonl file (or .jsonl.gz, .jsonl.zst) or a .parquet file/directory")
+            "a .jsonl file (or .jsonl.gz, .jsonl.zst), a .parquet file/directory, or a folder of documents")
     fmt = spec.format
     if info.type == pafs.FileType.Directory:
         if fmt in ("auto", "beir"):
@@ -174,8 +236,7 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
                 beir = root.rstrip("/") + "/" + name
                 if fs.get_file_info(beir).type == pafs.FileType.File:
                     return fs, [beir], "jsonl"
-        sel = pafs.FileSelector(root, recursive=True)
-        files = sorted(f.path for f in fs.get_file_info(sel) if f.type == pafs.FileType.File)
+        files = _all_files(fs, root, spec)
         pq_files = [f for f in files if f.endswith(".parquet")]
         jl_files = [f for f in files if f.endswith(JSONL_SUFFIXES)]
         if fmt == "auto":
@@ -197,14 +258,21 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
             return fs, jl_files, "jsonl"
         if fmt in ("auto", "files"):  # a folder of Markdown, text, HTML, PDF files: pipelines.folder
             from .folder import resolve_folder
-            return fs, resolve_folder(fs, root, spec.path), "files"
+            return fs, resolve_folder(fs, root, spec.path, spec), "files"
         raise ValueError(
             f"no corpus files in directory {spec.path!r}: expected corpus.jsonl (BEIR; or corpus.jsonl.gz, "
             ".zst), *.jsonl (or *.jsonl.gz, .zst) or *.parquet")
     if fmt == "auto":
-        fmt = "parquet" if root.endswith(".parquet") else "jsonl"
+        fmt = single_file_format(fs, root)
     if fmt == "beir":
         fmt = "jsonl"
+    if fmt == "files":  # one document (manual.pdf, notes.md): a folder of one, its name its id
+        from .folder import resolve_folder
+        from .formats import READERS, readable
+        if not readable(root):
+            raise CorpusError(f"--format files reads documents ({', '.join(sorted(READERS))}), and {spec.path!r} is "
+                              "none of them: pass a folder of documents, or a document file")
+        return fs, resolve_folder(fs, root, spec.path, spec), "files"
     return fs, [root], fmt
 
 
@@ -337,6 +405,9 @@ def plan_chunks(spec: CorpusSpec, target_bytes: int = 16 << 20) -> list[Chunk]:
     if fmt == "files":
         from .folder import plan_file_chunks
         return plan_file_chunks(spec, files, target_bytes)
+    if spec.include or spec.exclude:
+        raise CorpusError(f"--include and --exclude choose the files of a folder of documents, and {spec.path} is "
+                          f"read as {fmt}: drop them, or pass --format files if the folder holds documents")
     chunks: list[Chunk] = []
     rows = 0
     for path in files:

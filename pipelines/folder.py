@@ -20,8 +20,15 @@ What becomes of each file:
   reason (empty, binary, encrypted, damaged, no text layer, over :data:`MAX_FILE_BYTES`);
 - another type: skipped and counted by extension (:func:`listing_summary`, the build's
   manifest and log);
-- a hidden file or a file in a hidden folder (a name starting with a dot: ``.git``,
-  ``.venv``): skipped and counted apart.
+- a hidden file or folder (a name starting with a dot: ``.git``, ``.venv``): skipped and
+  counted apart, a folder once, however much it holds;
+- a file or folder that ``--include``, ``--exclude`` or the folder's ``.funnelignore`` leave
+  out (:mod:`funnel.pipelines.selection`): skipped and counted as ``excluded``;
+- a symbolic link: read only where it stays inside the folder (``--follow-links`` reads
+  the others), a broken one or one that leaves the folder is a reject naming it; a file
+  name that is not UTF-8 is a reject naming it escaped (:mod:`funnel.pipelines.walk`).
+
+A single document file (``--corpus manual.pdf``) is a folder of one: its id is its name.
 
 Every row keeps its file's facts as its ``fields`` (:mod:`funnel.pipelines.fields`, stored
 with the document; :func:`file_fields`): ``path``, ``size``, ``mtime`` (UTC, ISO 8601),
@@ -36,16 +43,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import zlib
 from collections import Counter
-from dataclasses import dataclass, replace
-from datetime import timezone
+from dataclasses import dataclass, field, replace
 
 import pyarrow.fs as pafs
 
 from . import formats
 from .corpus import Chunk, ChunkResult, CorpusSpec, _filesystem, validate_record
 from .fields import MAX_FIELDS_BYTES
+from .selection import Rules, rules_for
+from .walk import LINK_COUNTS, Found, Walk, iso_mtime, select_listing, walk_local
 
 log = logging.getLogger("funnel.build")
 
@@ -57,29 +66,40 @@ MAX_FILES_PER_CHUNK = 2000
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of the listing: id (relative POSIX path), filesystem path, size, mtime."""
+    """One file of the listing: id (relative POSIX path), filesystem path, size, mtime; ``why``
+    is set for a file the listing itself rejects (a link out of the folder, a broken link, a
+    name that is not UTF-8): a reject with that reason in its place, never read."""
 
     rel: str
     path: str
     size: int
     mtime: str
+    why: str = ""
 
 
 @dataclass(frozen=True)
 class Listing:
-    """A folder's files: the readable ones in path order, and the counts of the others."""
+    """A folder's files: the readable ones (and the listing's rejects) in path order, and the
+    counts of the others. ``options`` are the listing options it was made with."""
 
     root: str
     entries: tuple[Entry, ...]
     by_type: dict
     skipped: dict
     hidden: int
+    excluded: int = 0
+    links: dict = field(default_factory=dict)
+    bad_names: int = 0
+    ignore_file: bool = False
+    options: tuple = ()
 
     def summary(self) -> dict:
         """Counts for the manifest and the build's report."""
-        return {"readable": len(self.entries), "by_type": dict(sorted(self.by_type.items())),
+        return {"readable": sum(1 for e in self.entries if not e.why), "by_type": dict(sorted(self.by_type.items())),
                 "skipped": sum(self.skipped.values()), "skipped_by_type": dict(sorted(self.skipped.items())),
-                "hidden": self.hidden}
+                "hidden": self.hidden, "excluded": self.excluded,
+                "links": {k: int(self.links.get(k, 0)) for k in LINK_COUNTS}, "bad_names": self.bad_names,
+                "funnelignore": self.ignore_file}
 
 
 #: The latest listing of each folder this process read (root -> Listing): planning lists
@@ -87,39 +107,66 @@ class Listing:
 _LISTINGS: dict[str, Listing] = {}
 
 
-def _mtime(info: pafs.FileInfo) -> str:
-    m = info.mtime
-    if m is None:
-        return ""
-    if m.tzinfo is None:
-        m = m.replace(tzinfo=timezone.utc)
-    return m.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _type_key(rel: str) -> str:
     return formats.extension(rel) or "(no extension)"
 
 
-def list_folder(fs: pafs.FileSystem, root: str) -> Listing:
-    """List ``root`` recursively (and remember the listing for this process's chunk reads)."""
-    root = root.rstrip("/")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    entries, by_type, skipped, hidden = [], Counter(), Counter(), 0
-    for info in infos:
-        if info.type != pafs.FileType.File:
-            continue
-        rel = info.path[len(root) + 1:].replace(os.sep, "/")
-        if any(part.startswith(".") for part in rel.split("/")):
-            hidden += 1
-        elif formats.readable(rel):
-            entries.append(Entry(rel, info.path, int(info.size or 0), _mtime(info)))
-            by_type[_type_key(rel)] += 1
+def listing_options(spec: CorpusSpec | None) -> tuple:
+    """The options of ``spec`` that decide what a folder's listing holds."""
+    if spec is None:
+        return ((), (), False)
+    return (tuple(spec.include), tuple(spec.exclude), bool(spec.follow_links))
+
+
+def list_folder(fs: pafs.FileSystem, root: str, spec: CorpusSpec | None = None) -> Listing:
+    """List ``root`` recursively under ``spec``'s listing options (``include``, ``exclude``,
+    ``follow_links``) and its ``.funnelignore``, and remember the listing for this process's
+    chunk reads. A ``root`` that is one file is a listing of that file, its name its id."""
+    root = root.rstrip("/") or "/"
+    include, exclude, follow = options = listing_options(spec)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:  # a single document: a folder of one
+        walk = Walk()
+        name = root.rsplit("/", 1)[-1]
+        if isinstance(fs, pafs.LocalFileSystem):
+            s = os.stat(root)
+            walk.files.append(Found(name, root, int(s.st_size), iso_mtime(s.st_mtime_ns)))
         else:
-            skipped[_type_key(rel)] += 1
+            walk = select_listing([info], root.rsplit("/", 1)[0], Rules())
+        ignore = False
+    else:
+        rules = rules_for(fs, root, include, exclude)
+        ignore = bool(rules.ignore)
+        if isinstance(fs, pafs.LocalFileSystem):
+            walk = walk_local(root, rules, follow_links=follow)
+        else:
+            walk = select_listing(fs.get_file_info(pafs.FileSelector(root, recursive=True)), root, rules)
+    entries, by_type, skipped = [], Counter(), Counter()
+    for f in walk.files:
+        if formats.readable(f.rel):
+            entries.append(Entry(f.rel, f.path, f.size, f.mtime))
+            by_type[_type_key(f.rel)] += 1
+        else:
+            skipped[_type_key(f.rel)] += 1
+    if walk.special:
+        skipped["(not a regular file)"] += walk.special
+    entries.extend(Entry(rel, path, 0, "", why=why) for rel, path, why in walk.rejects)
     entries.sort(key=lambda e: e.rel)
-    listing = Listing(root, tuple(entries), dict(by_type), dict(skipped), hidden)
+    listing = Listing(root, tuple(entries), dict(by_type), dict(skipped), walk.hidden, walk.excluded,
+                      dict(walk.links), walk.bad_names, ignore, options)
     _LISTINGS[root] = listing
+    if walk.rejects:
+        log.warning("folder %s: %d entries not read (%s); their reasons are in the build's rejects.jsonl",
+                    root, len(walk.rejects), _describe(Counter(_listing_reject_kind(r[2]) for r in walk.rejects)))
     return listing
+
+
+def _listing_reject_kind(reason: str) -> str:
+    for key, kind in (("outside the corpus folder", "links outside the folder"), ("broken symbolic", "broken links"),
+                      ("not valid UTF-8", "names not UTF-8")):
+        if key in reason:
+            return kind
+    return "unreadable folders"
 
 
 def _describe(counts: dict, top: int = 8) -> str:
@@ -128,18 +175,21 @@ def _describe(counts: dict, top: int = 8) -> str:
     return text + (f", {len(items) - top} more types" if len(items) > top else "")
 
 
-def resolve_folder(fs: pafs.FileSystem, root: str, source: str) -> list[str]:
+def resolve_folder(fs: pafs.FileSystem, root: str, source: str, spec: CorpusSpec | None = None) -> list[str]:
     """The readable files of a folder corpus (filesystem paths, in id order).
 
     Raises a ValueError naming the readable types when the folder has none, and an
     ImportError naming the extra when the library of one of its file types is missing.
     """
-    listing = list_folder(fs, root)
+    listing = list_folder(fs, root, spec)
     if not listing.entries:
         found = (f"{sum(listing.skipped.values())} files of other types ({_describe(listing.skipped)})"
                  if listing.skipped else "no files")
+        left = [f"{n} {what}" for n, what in ((listing.hidden, "hidden files or folders"),
+                                              (listing.excluded, "excluded by --include, --exclude or .funnelignore"))
+                if n]
         raise ValueError(f"no corpus files in folder {source!r}: found {found}"
-                         f"{f' and {listing.hidden} hidden files' if listing.hidden else ''}. A folder corpus "
+                         f"{(' and ' + ', '.join(left)) if left else ''}. A folder corpus "
                          f"holds files of these types: {', '.join(sorted(formats.READERS))}; other corpora are "
                          "a BEIR folder (corpus.jsonl), *.jsonl or *.parquet")
     formats.require(listing.by_type)
@@ -166,15 +216,13 @@ def plan_file_chunks(spec, files: list[str], target_bytes: int) -> list:
     fs, root = _filesystem(spec.path)
     root = root.rstrip("/")
     listing = _LISTINGS.get(root)
-    if listing is None or [e.path for e in listing.entries] != list(files):
-        if fs.get_file_info(root).type != pafs.FileType.Directory:
-            raise ValueError(f"--format files reads a folder, and {spec.path!r} is not one: pass the folder "
-                             "that holds the files")
-        listing = list_folder(fs, root)
+    if listing is None or listing.options != listing_options(spec) or [e.path for e in listing.entries] != list(files):
+        listing = list_folder(fs, root, spec)
     s = listing.summary()
-    log.info("folder %s: %d files to read (%s); %d skipped, of other types (%s); %d hidden skipped",
-             spec.path, s["readable"], _describe(s["by_type"]), s["skipped"], _describe(s["skipped_by_type"]) or "none",
-             s["hidden"])
+    log.info("folder %s: %d files to read (%s); %d skipped, of other types (%s); %d hidden skipped; %d excluded; "
+             "links: %s", spec.path, s["readable"], _describe(s["by_type"]), s["skipped"],
+             _describe(s["skipped_by_type"]) or "none", s["hidden"], s["excluded"],
+             ", ".join(f"{v} {k}" for k, v in s["links"].items()))
     chunks, start, size = [], 0, 0
     entries = listing.entries
     for i, e in enumerate(entries):
@@ -200,6 +248,8 @@ def listing_summary(chunks: list) -> dict | None:
 
 def _chunk_entries(chunk, spec) -> tuple[Entry, ...]:
     listing = _LISTINGS.get(chunk.path)
+    if listing is not None and listing.options != listing_options(spec):
+        listing = None
     for attempt in range(2):
         if listing is not None:
             entries = listing.entries[chunk.start:chunk.end]
@@ -207,7 +257,7 @@ def _chunk_entries(chunk, spec) -> tuple[Entry, ...]:
                 return entries
         if attempt == 0:
             fs, _ = _filesystem(spec.path)
-            listing = list_folder(fs, chunk.path)
+            listing = list_folder(fs, chunk.path, spec)
     raise RuntimeError(f"folder {spec.path!r} changed while it was read: files {chunk.start + 1}-{chunk.end} of the "
                        "listing are not the ones the build planned (files were added or removed); run it again")
 
@@ -220,8 +270,7 @@ def read_file(fs: pafs.FileSystem, entry: Entry, spec: CorpusSpec) -> tuple[dict
         return None, (f"file of {_size(entry.size)} is over the {_size(MAX_FILE_BYTES)} bound of one document "
                       "(funnel.pipelines.folder.MAX_FILE_BYTES); split it")
     try:
-        with fs.open_input_file(entry.path) as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = _read_bytes(fs, entry.path, MAX_FILE_BYTES + 1)
     except OSError as e:
         return None, f"cannot read the file: {e}"
     if len(data) > MAX_FILE_BYTES:
@@ -238,6 +287,20 @@ def read_file(fs: pafs.FileSystem, entry: Entry, spec: CorpusSpec) -> tuple[dict
     title = doc.title or entry.rel.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     obj = {"_id": entry.rel, "title": title, "text": doc.text, "metadata": file_fields(entry, reader, doc)}
     return validate_record(obj, replace(spec, id_field="_id", title_field="title", text_field="text"))
+
+
+def _read_bytes(fs: pafs.FileSystem, path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a listed file. A local one is opened without following a
+    symbolic link (the listing resolved links to their targets' real paths, so a path that is
+    a link now was made one after the listing: an error, not another file's bytes)."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        with fs.open_input_file(path) as f:
+            return f.read(limit)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is no longer a regular file")
+        return f.read(limit)
 
 
 def file_fields(entry: Entry, reader: formats.Reader, doc: formats.Document) -> dict:
@@ -289,7 +352,7 @@ def read_file_chunk(chunk, spec):
     entries = _chunk_entries(chunk, spec)
     out.lines = len(entries)
     for i, entry in enumerate(entries, start=1):
-        rec, reason = read_file(fs, entry, spec)
+        rec, reason = (None, entry.why) if entry.why else read_file(fs, entry, spec)
         if rec is None:
             out.rejects.append({"chunk": chunk.index, "line": i, "path": entry.path, "doc_id": entry.rel,
                                 "reason": reason})
@@ -300,11 +363,12 @@ def read_file_chunk(chunk, spec):
     return out
 
 
-def read_folder(path: str, target_bytes: int = 4 << 20) -> tuple[list[dict], list[dict]]:
+def read_folder(path: str, target_bytes: int = 4 << 20, **options) -> tuple[list[dict], list[dict]]:
     """(rows, rejects) of every file of a folder corpus, read in this process in id order;
-    for tools and tests (a build reads the same chunks through its engine)."""
+    for tools and tests (a build reads the same chunks through its engine). ``options``:
+    :class:`CorpusSpec`'s listing options (``include``, ``exclude``, ``follow_links``)."""
     from .corpus import plan_chunks
-    spec = CorpusSpec(path=path, format="files")
+    spec = CorpusSpec(path=path, format="files", **options)
     rows, rejects = [], []
     for chunk in plan_chunks(spec, target_bytes=target_bytes):
         res = read_file_chunk(chunk, spec)

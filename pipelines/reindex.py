@@ -165,6 +165,35 @@ def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: S
                                                       "changed": changed, "added": added, "deleted": deleted}
 
 
+def keep_live_fields(new_ids: Sequence[str], new_hashes: Sequence[str], new_fields: Sequence[str | None],
+                     old_ids: Sequence[str], old_hashes: Sequence[str], old_fields: Sequence[str | None],
+                     volatile: Sequence[str]) -> tuple[list[str | None], int]:
+    """The new documents' fields, with the live ones kept where only ``volatile`` keys differ.
+
+    A folder's file that was touched, copied or checked out again has a new ``mtime`` and the
+    same content: that is no change, so such a document keeps its live fields whole (the
+    ``mtime`` of the content indexed) and :func:`diff_documents` then counts it unchanged.
+    Only documents with the same id and content hash are compared. Returns the fields and
+    how many documents kept their live fields this way (``touched``)."""
+    out = list(new_fields)
+    if not volatile:
+        return out, 0
+    old_pos = {d: i for i, d in enumerate(old_ids)}
+    touched = 0
+    for j, (d, h) in enumerate(zip(new_ids, new_hashes)):
+        i = old_pos.get(d)
+        if i is None or old_hashes[i] != h or (out[j] or None) == (old_fields[i] or None):
+            continue
+        if not out[j] or not old_fields[i]:
+            continue
+        new, old = json.loads(out[j]), json.loads(old_fields[i])
+        if isinstance(new, dict) and isinstance(old, dict) and \
+                {k: v for k, v in new.items() if k not in volatile} == {k: v for k, v in old.items() if k not in volatile}:
+            out[j] = old_fields[i]
+            touched += 1
+    return out, touched
+
+
 # -- postings ----------------------------------------------------------------------------
 
 
@@ -283,14 +312,15 @@ def _live_vectors(live_dir: str, shard: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyzer_config: dict,
-                  vectors: str = "none", passages: bool = False) -> dict:
+                  vectors: str = "none", passages: bool = False, volatile: Sequence[str] = ()) -> dict:
     """Rebuild shard ``shard`` of the new version in ``out_dir`` from the live version and the spill.
 
     ``vectors``: ``"none"`` (no dense stage), ``"reuse"`` (take unchanged documents'
     vectors from the live version's ``dense/``; the rest go to ``delta/``) or ``"all"``
     (every document goes to ``delta/``: the live version has no vectors of this model).
     ``passages``: the vectors are passages (the live version's, split the same way): an
-    unchanged document keeps all its passages' vectors and spans.
+    unchanged document keeps all its passages' vectors and spans. ``volatile``: field keys
+    whose change alone is none (:func:`keep_live_fields`; a folder's ``mtime``).
 
     Returns the build's shard summary (n_docs, n_docs_nonempty, total_terms, n_terms,
     fingerprint_sum) plus the diff counts, ``copied`` (the live shard was copied as it
@@ -305,8 +335,11 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
     rows = spilled.take(pa.array(keep, pa.int64())).combine_chunks()  # local order
     doc_ids, hashes = rows.column("doc_id").to_pylist(), rows.column("content_hash").to_pylist()
     old_ids, old_hashes, old_fields = _read_live_docs(live_dir, shard)
-    reuse, fresh, counts = diff_documents(doc_ids, hashes, old_ids, old_hashes,
-                                          rows.column("fields").to_pylist(), old_fields)
+    new_fields, touched = keep_live_fields(doc_ids, hashes, rows.column("fields").to_pylist(), old_ids, old_hashes,
+                                           old_fields, volatile)
+    if touched:
+        rows = rows.set_column(rows.schema.get_field_index("fields"), "fields", pa.array(new_fields, pa.string()))
+    reuse, fresh, counts = diff_documents(doc_ids, hashes, old_ids, old_hashes, new_fields, old_fields)
     name = shard_name(shard)
     src, dst = os.path.join(live_dir, "lexical", name), os.path.join(out_dir, "lexical", name)
     same_text = doc_ids == old_ids and counts["unchanged"] + counts["fields_changed"] == len(doc_ids)
@@ -337,7 +370,7 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
         write_docs_table(out_dir, shard, rows)
         n_terms, nonempty, total = len(post.terms), int(np.count_nonzero(post.doclen)), post.total_terms
     out = {"shard": shard, "n_docs": len(doc_ids), "n_docs_nonempty": nonempty, "total_terms": total,
-           "n_terms": n_terms, "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes), **counts,
+           "n_terms": n_terms, "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes), **counts, "touched": touched,
            "copied": bool(copied), "same_text": bool(same_text), "to_embed": 0, "vectors_reused": 0}
     if vectors != "none":
         stage = _stage_passages if passages else _stage_vectors

@@ -205,7 +205,9 @@ def test_skipped_and_hidden_files_are_counted(docs_folder):
     s = folder_mod.listing_summary(chunks)
     assert s == {"readable": len(READ) + len(REJECTED),
                  "by_type": {".html": 1, ".md": 2, ".pdf": 5, ".rst": 1, ".txt": 2},
-                 "skipped": 2, "skipped_by_type": {".png": 1, ".py": 1}, "hidden": 1}
+                 "skipped": 2, "skipped_by_type": {".png": 1, ".py": 1}, "hidden": 1, "excluded": 0,
+                 "links": {"followed": 0, "outside": 0, "broken": 0, "repeated": 0}, "bad_names": 0,
+                 "funnelignore": False}
 
 
 def test_over_the_size_bound_is_a_reject(docs_folder, monkeypatch):
@@ -231,10 +233,10 @@ def test_a_folder_without_documents_is_a_clear_error(tmp_path):
     (tmp_path / "a.png").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"no corpus files in folder .*1 files of other types \(\.png 1\)"):
         plan_chunks(CorpusSpec(path=str(tmp_path)))
-    f = tmp_path / "one.md"
-    f.write_text("# x\n")
-    with pytest.raises(ValueError, match="--format files reads a folder"):
-        plan_chunks(CorpusSpec(path=str(f), format="files"))
+    # One file of another type is not a document either (one document file is a corpus of one:
+    # test_folder_links.py).
+    with pytest.raises(ValueError, match=r"--format files reads documents \(\.htm, .*and '.*a\.png' is none"):
+        plan_chunks(CorpusSpec(path=str(tmp_path / "a.png"), format="files"))
 
 
 def test_a_folder_changed_under_a_worker_fails_clearly(docs_folder):
@@ -294,17 +296,19 @@ def test_both_engines_publish_the_same_index(ray_session, docs_folder, tmp_path)
 def test_reindex_finds_added_changed_and_removed_files(docs_folder, tmp_path):
     root = str(tmp_path / "ix")
     build(docs_folder, root, engine="local")  # path, size, mtime, front matter: inferred filterable fields
-    os.utime(os.path.join(docs_folder, "page.html"), (1, 1))  # a new mtime alone: its fields change, not its text
+    os.utime(os.path.join(docs_folder, "page.html"), (1, 1))  # a new mtime alone: no change (issue 48)
     os.remove(os.path.join(docs_folder, "notes", "plain.txt"))
     with open(os.path.join(docs_folder, "guide.md"), "a") as f:
         f.write("\n## Update\n\nThe manatee visits warm springs.\n")
     with open(os.path.join(docs_folder, "notes", "new.md"), "w") as f:
         f.write("# Added\n\nA page about the pangolin.\n")
     rep = reindex(root, docs_folder, executor="local")
-    assert (rep.added, rep.changed, rep.deleted, rep.fields_changed) == (1, 1, 1, 1)
-    assert rep.unchanged == len(READ) - 3 and rep.n_docs == len(READ) and rep.n_rejects == len(REJECTED)
+    assert (rep.added, rep.changed, rep.deleted, rep.fields_changed, rep.touched) == (1, 1, 1, 0, 1)
+    assert rep.unchanged == len(READ) - 2 and rep.n_docs == len(READ) and rep.n_rejects == len(REJECTED)
     ix = open_index(root)
-    assert [h.doc_id for h in ix.search("axolotl", k=10, filter={"mtime": {"lt": "1971-01-01"}}).hits] == ["page.html"]
+    # The touched file keeps the mtime of the content indexed.
+    assert ix.search("axolotl", k=10, filter={"mtime": {"lt": "1971-01-01"}}).hits == ()
+    assert [h.doc_id for h in ix.search("axolotl", k=10, filter={"mtime": {"gte": "1971-01-01"}}).hits] == ["page.html"]
     assert ix.search("pangolin", k=1).hits[0].doc_id == "notes/new.md"
     assert ix.search("manatee", k=1).hits[0].doc_id == "guide.md"
     assert ix.search("kakapo", k=3).hits == ()
