@@ -368,3 +368,67 @@ def test_auto_format_ignores_stray_json_and_refuses_a_mixed_folder(tmp_path):
         resolve_files(CorpusSpec(str(tmp_path)))
     assert resolve_files(CorpusSpec(str(tmp_path), format="jsonl"))[2] == "jsonl"
     assert resolve_files(CorpusSpec(str(tmp_path), format="files"))[2] == "files"
+
+
+TEXINFO_HTML = """<!DOCTYPE html><html><head><title>Invoking (GNU Grep 3.11)</title></head><body lang="en">
+<div class="chapter-level-extent" id="Invoking">
+<div class="nav-panel">
+<p>Next: <a href="Regular-Expressions.html" accesskey="n" rel="next">Regular Expressions</a>, Previous:
+<a href="Introduction.html" accesskey="p" rel="prev">Introduction</a>, Up: <a href="index.html" accesskey="u"
+rel="up">grep</a> &nbsp; [<a href="index.html#SEC_Contents" title="Table of contents" rel="contents">Contents</a>][<a
+href="Index.html" title="Index" rel="index">Index</a>]</p>
+</div>
+<hr>
+<h2 class="chapter" id="Invoking-grep"><span>2 Invoking grep<a class="copiable-link" href="#Invoking-grep"> &para;</a></span></h2>
+<p>The general synopsis of the grep command line is the wildebeest form.</p>
+<hr>
+<div class="nav-panel">
+<p>Next: <a href="Regular-Expressions.html" rel="next">Regular Expressions</a>, Previous: <a href="Introduction.html"
+rel="prev">Introduction</a>, Up: <a href="index.html" rel="up">grep</a></p>
+</div>
+</div></body></html>
+"""
+
+OLD_TEXINFO_HTML = """<html><head><title>Old manual</title></head><body>
+<div class="header"><p>Next: <a href="B.html" rel="next">B</a>, Up: <a href="index.html" rel="up">Top</a></p></div>
+<div class="node"><a name="A"></a><p>Previous:&nbsp;<a rel="previous" href="Z.html">Z</a></p></div>
+<h2 class="chapter">1 Alpha</h2><p>The okapi section.</p>
+<div class="node node-article"><p>A Drupal article body about the jerboa.</p></div>
+</body></html>
+"""
+
+SPHINX_HTML = """<html><head><title>Install &#8212; Docs</title></head><body>
+<div role="main"><section id="install"><h1>Install<a class="headerlink" href="#install" title="Link to this
+heading">¶</a></h1><p>Run the quokka installer.</p><section id="options"><h2>Options<a class="headerlink"
+href="#options" title="Permalink to this headline">¶</a></h2><p>There are none.</p></section></section></div>
+</body></html>
+"""
+
+
+def test_html_drops_texinfo_navigation_and_permalink_marks():
+    doc = formats.read_document(TEXINFO_HTML.encode(), "grep/Invoking.html")
+    assert doc.text.startswith("2 Invoking grep\n\nThe general synopsis") and "wildebeest form." in doc.text
+    for chrome in ("Next:", "Previous:", "Up:", "[Contents]", "Index", "¶"):
+        assert chrome not in doc.text, chrome
+    assert doc.metadata["headings"] == [[0, 2, "2 Invoking grep"]]
+
+    old = formats.read_document(OLD_TEXINFO_HTML.encode(), "old/A.html")
+    assert "Next:" not in old.text and "Previous:" not in old.text and "The okapi section." in old.text
+    assert "jerboa" in old.text  # a div.node without navigation links is content
+
+    sphinx = formats.read_document(SPHINX_HTML.encode(), "install.html")
+    assert "¶" not in sphinx.text and sphinx.text.startswith("Install\n\nRun the quokka installer.")
+    assert [h[2] for h in sphinx.metadata["headings"]] == ["Install", "Options"]
+
+
+@pytest.mark.parametrize("source, title", [
+    ("---\ntitle: From Front Matter\n---\n## Section\n\n# Top\n", "From Front Matter"),
+    ("## A section first\n\nText.\n\n# The Real Title\n\nMore.\n", "The Real Title"),
+    ("Setext Title\n============\n\n## Sub\n", "Setext Title"),
+    ("## Only sections\n\nText.\n\n### Deeper\n", ""),
+])
+def test_markdown_title_is_front_matter_then_h1_then_the_file_name(tmp_path, source, title):
+    assert formats.read_document(source.encode(), "x.md").title == title
+    (tmp_path / "release-notes.md").write_text(source)
+    rows, _ = folder_mod.read_folder(str(tmp_path))
+    assert rows[0]["title"] == (title or "release-notes")

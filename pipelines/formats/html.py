@@ -4,7 +4,13 @@ Library: selectolax (its Lexbor engine: a maintained, spec-compliant HTML5 parse
 wheels and no dependencies). The main text is chosen structurally, from the landmarks that
 documentation generators (Sphinx, MkDocs, Javadoc, rustdoc) and most sites emit: the first
 ``<main>``, ``[role=main]`` or ``<article>``, else ``<body>``, with navigation, headers,
-footers, sidebars, forms, scripts and styles removed. trafilatura was the alternative: its
+footers, sidebars, forms, scripts and styles removed, and with the navigation and marks that
+generators put outside those landmarks: Texinfo's "Next: ... Previous: ... Up: ...
+[Contents][Index]" panels (``div.nav-panel``; ``div.header`` and ``div.node`` in older
+makeinfo, removed only when they hold next/previous/up links, since other sites use those
+class names for content), DocBook's ``div.navheader`` and ``div.navfooter``, and the "¶"
+permalinks after headings (Sphinx's and MkDocs' ``a.headerlink``, Texinfo's
+``a.copiable-link``). trafilatura was the alternative: its
 heuristics also find the main text of pages without landmarks, but they are tuned for
 articles (a page under its minimum extracted size gives nothing, and reference pages are
 often short), it pulls in lxml and half a dozen packages, and its output shifts with its
@@ -28,7 +34,13 @@ from .text import decode_text
 #: Removed before the main text is taken: navigation and page chrome, and what is not text.
 _CHROME = ("nav", "header", "footer", "aside", "form", "script", "style", "noscript", "template",
            "svg", "iframe", "button", "select",
-           "[role=navigation]", "[role=banner]", "[role=contentinfo]", "[role=search]", "[aria-hidden=true]")
+           "[role=navigation]", "[role=banner]", "[role=contentinfo]", "[role=search]", "[aria-hidden=true]",
+           "div.nav-panel", "div.navheader", "div.navfooter", "a.headerlink", "a.copiable-link")
+#: Removed when they hold next/previous/up links (older Texinfo's navigation blocks): the
+#: class names alone are content elsewhere (Drupal's articles are ``div.node``).
+_NAV_IF_LINKED = ("div.header", "div.node")
+_NAV_LINKS = 'a[rel="next"], a[rel="prev"], a[rel="previous"], a[rel="up"]'
+_NAV_TEXT = re.compile(r"\s*(Next|Previous|Prev|Up)\s*:", re.IGNORECASE)
 _MAIN = ("main", "[role=main]", "article", "body")
 #: Elements that start a new line in the text.
 _BLOCKS = frozenset("address dd details dialog div dt fieldset figcaption figure hr li summary tbody thead "
@@ -104,6 +116,10 @@ def read(data: bytes, name: str) -> Document:
     for sel in _CHROME:
         for node in tree.css(sel):
             node.decompose()
+    for sel in _NAV_IF_LINKED:
+        for node in tree.css(sel):
+            if node.css_first(_NAV_LINKS) is not None or _NAV_TEXT.match(node.text()):
+                node.decompose()
     root = next((n for n in (tree.css_first(s) for s in _MAIN) if n is not None), tree.root)
     if root is None:
         raise UnreadableFile("no HTML content")

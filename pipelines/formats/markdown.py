@@ -1,5 +1,10 @@
-"""Markdown (``.md``, ``.markdown``): front matter to metadata, first heading to title,
-heading offsets for passage boundaries.
+"""Markdown (``.md``, ``.markdown``): front matter to metadata, the title, heading offsets
+for passage boundaries.
+
+The title is the front matter's ``title``, else the first level-1 heading (``# x`` or a
+line of ``===`` under text), else empty (the folder reader then uses the file name): a page
+that opens with a ``## Section`` has no title of its own, and a section's name would be a
+misleading one.
 
 Library: markdown-it-py (the CommonMark parser of the Executable Books project, already a
 dependency of rich) with the ``front_matter`` plugin of mdit-py-plugins, and PyYAML for
@@ -70,7 +75,7 @@ def read(data: bytes, name: str) -> Document:
         if tok.type == "heading_open" and tok.map is not None:
             headings.append([line_starts[tok.map[0]] - body_start, int(tok.tag[1:]), _plain(tokens[i + 1])])
     title = front.get("title") if isinstance(front.get("title"), str) else ""
-    title = title.strip() or next((h[2] for h in headings if h[2]), "")
+    title = title.strip() or next((h[2] for h in headings if h[1] == 1 and h[2]), "")
     metadata: dict = {"front_matter": front, "headings": headings, "line_offset": body_line}
     if error:
         metadata["front_matter_error"] = error
