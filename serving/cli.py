@@ -318,13 +318,16 @@ def print_hits(res, width: int = 100) -> None:
 
 
 def _read_filter(text: str) -> str:
-    """``--filter``'s JSON: the text itself, or a file's with ``@PATH``."""
+    """``--filter``'s JSON: the text itself, or a file's with ``@PATH`` (read no further than
+    one character past the bound ``filters.loads_filter`` then refuses, naming it)."""
     if text.startswith("@"):
+        from .filters import MAX_FILTER_CHARS
         try:
-            with open(text[1:]) as f:
-                return f.read()
-        except OSError as e:
-            raise ValueError(f"--filter {text}: cannot read the filter file ({e.strerror})") from None
+            with open(text[1:], encoding="utf-8") as f:
+                return f.read(MAX_FILTER_CHARS + 1)
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else f"not UTF-8 text: {e.reason} at byte {e.start}"
+            raise ValueError(f"--filter {text}: cannot read the filter file ({why})") from None
     return text
 
 

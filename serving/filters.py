@@ -34,7 +34,10 @@ Filter language (a JSON object; several keys in one object are ANDed)::
 An unknown field, an operator that does not apply to a field's type, or a value of the wrong
 type is a :class:`SearchError` naming the field and its type (HTTP 400, an MCP tool error);
 never a silently empty result. A filter has at most ``MAX_NODES`` conditions, ``MAX_DEPTH``
-levels and ``MAX_VALUES`` values in one list.
+levels and ``MAX_VALUES`` values in one list; as text (the CLI's ``--filter``) at most
+``MAX_FILTER_CHARS`` characters, its JSON nesting measured before it is parsed
+(``serving/safejson.py``: Python's parser would raise RecursionError near 1,000 levels). A
+number is one a float holds (an integer of 310 digits or more is refused, not an OverflowError).
 
 Access control: a document's ``acl`` lists the principals and groups that may read it; one
 without ``acl`` is public (or private, ``funnel build --acl-absent private``). A principal's
@@ -63,10 +66,15 @@ from funnel.pipelines.fields import (ACL_FIELD, DATE_MISSING, MAX_KEYWORD_CHARS,
                                      shard_dir)
 
 from .errors import SearchError
+from .safejson import nesting_depth
 
 MAX_NODES = 256
 MAX_DEPTH = 8
 MAX_VALUES = 1024
+#: A filter given as text: characters, and JSON levels (a filter of MAX_DEPTH levels takes
+#: about twice as many: {"and": [{...}]} is two per level). Both far above any real filter.
+MAX_FILTER_CHARS = 1 << 20
+MAX_FILTER_JSON_DEPTH = 4 * MAX_DEPTH
 #: Masks kept per index version (filter x principal): a byte per document each, and for a dense
 #: search filtered inside FAISS a bitmap (a bit per document).
 MASK_CACHE = 16
@@ -328,7 +336,12 @@ def _fields_listed(schema: dict[str, str]) -> str:
 
 
 def _shown(v: Any) -> str:
-    s = json.dumps(v, ensure_ascii=False, default=str)
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        return f"an integer of about {v.bit_length() * 0.30103:.0f} digits"  # str() refuses 4,300+
+    try:
+        s = json.dumps(v, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):  # nested too deep to show, or a huge int inside
+        return f"a {type(v).__name__} nested too deep to show"
     return s if len(s) <= 60 else s[:59] + "…"
 
 
@@ -347,9 +360,16 @@ def _value(name: str, ftype: str, op: str, v: Any) -> Any:
             raise SearchError(f"filter field {name!r}: a value holds a lone surrogate, which is not text") from None
         return v
     if ftype == "number":
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad
-        return float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer beyond a float's range (309 digits and up)
+            raise SearchError(f"filter field {name!r}: {op!r} got {_shown(v)}, beyond the range of a number "
+                              "(at most about 1.8e308 in absolute value)") from None
+        if not math.isfinite(x):
+            raise bad
+        return x
     if ftype == "date":
         us = parse_date(v)
         if us is None:
@@ -429,12 +449,27 @@ def parse_filter(obj: Any, schema: dict[str, str], allow_acl: bool = False) -> t
     ``("not", child)`` and ``("cond", Cond)``; a SearchError naming what is wrong. ``acl`` is
     a field only for ``allow_acl`` (administrators and local callers)."""
     if isinstance(obj, str):
-        try:
-            obj = json.loads(obj)
-        except json.JSONDecodeError as e:
-            raise SearchError(f"the filter is not valid JSON ({e.msg} at character {e.pos}); e.g. "
-                              "{\"kind\": \"runbook\"}") from None
+        obj = loads_filter(obj)
     return _Parser(schema, allow_acl).node(obj, 1)
+
+
+def loads_filter(text: str) -> Any:
+    """A filter's JSON text parsed, once it is known to be bounded: at most
+    :data:`MAX_FILTER_CHARS` characters and :data:`MAX_FILTER_JSON_DEPTH` levels, measured
+    before parsing; a SearchError naming the bound, or what is not JSON, otherwise."""
+    if len(text) > MAX_FILTER_CHARS:
+        raise SearchError(f"the filter has {len(text):,} characters; at most {MAX_FILTER_CHARS:,}")
+    depth = nesting_depth(text, MAX_FILTER_JSON_DEPTH)
+    if depth > MAX_FILTER_JSON_DEPTH:
+        raise SearchError(f"the filter nests {depth:,} JSON levels deep; a filter takes at most {MAX_DEPTH} "
+                          "levels of and/or/not: simplify it")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SearchError(f"the filter is not valid JSON ({e.msg} at character {e.pos}); e.g. "
+                          "{\"kind\": \"runbook\"}") from None
+    except ValueError as e:  # an integer of over 4,300 digits
+        raise SearchError(f"the filter is not valid JSON: {e}") from None
 
 
 # -- evaluation -------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from funnel.pipelines.artifacts import IndexFormatError
 
 from .citations import MAX_RANGE_CHARS
 from .connections import ConnectionLimits, uvicorn_config
+from .safejson import nesting_depth
 from .scrub import ScrubConfig, start_scrub
 from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
 
@@ -101,6 +102,10 @@ MAX_MODE_CHARS = 64
 MAX_OFFSET = 2**31 - 1
 #: Validation errors listed in one message; the rest are counted.
 MAX_LISTED_ERRORS = 5
+#: JSON levels a request body may nest, measured before it is parsed (Python's parser raises
+#: RecursionError near 1,000): a search's filter takes at most ~20 (``filters.MAX_DEPTH``
+#: levels of and/or/not), an MCP request's envelope 4 more.
+MAX_BODY_DEPTH = 64
 
 # Exception class -> HTTP status. Looked up along the exception's MRO, so the most
 # specific class wins (IndexFormatError and SearchError are both ValueErrors).
@@ -614,6 +619,9 @@ class RequestGuard:
        ``max_body_bytes``, 413; not all there ``body_timeout_s`` seconds after its reading
        began (a stalled or trickled body), 408. What was read (at most ``max_body_bytes``)
        is replayed to the app, which never sees an oversized or partial body.
+    4. The body's JSON nesting, measured before anything parses it: deeper than
+       :data:`MAX_BODY_DEPTH` levels, 400 (with ``jsonrpc``, the MCP app's, the body is a
+       JSON-RPC error, which an MCP client shows its caller).
 
     Answers are ``{"error": ...}`` JSON; a 413 or 408 closes the connection (the rest of
     the body is never read). Wraps any ASGI app: the HTTP API and the MCP server's.
@@ -622,7 +630,7 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, *, token: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, open_paths: frozenset[str] = frozenset(),
                  hosts: Iterable[str] | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-                 tokens=None):
+                 tokens=None, jsonrpc: bool = False):
         if max_body_bytes < 0:
             raise ValueError(f"max_body_bytes must be 0 or more, got {max_body_bytes}")
         self.body_timeout_s = check_body_timeout(body_timeout_s)
@@ -634,6 +642,7 @@ class RequestGuard:
         self.open_paths = open_paths
         self._expected = f"Bearer {token}".encode() if token else None
         self.tokens = tokens  # principals.TokenFile: per-caller tokens (--tokens), beside the admin's
+        self.jsonrpc = jsonrpc
 
     def _host_ok(self, value: str) -> bool:
         v = value.strip().lower()
@@ -690,6 +699,16 @@ class RequestGuard:
             await _error(408, f"request body incomplete: {what}, {len(body):,} bytes arrived within "
                               f"{self.body_timeout_s:g} s (funnel serve / funnel mcp --body-timeout); "
                               "send the whole body at once", headers={"Connection": "close"})(scope, receive, send)
+            return
+        depth = nesting_depth(body, MAX_BODY_DEPTH) if body else 0
+        if depth > MAX_BODY_DEPTH:
+            why = (f"the request body nests {depth:,} JSON levels deep; at most {MAX_BODY_DEPTH} are accepted "
+                   "(a filter takes at most 8 levels of and/or/not)")
+            if self.jsonrpc:
+                await JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": why}},
+                                   status_code=400)(scope, receive, send)
+            else:
+                await _error(400, why)(scope, receive, send)
             return
         pending: deque[Message] = deque([{"type": "http.request", "body": bytes(body), "more_body": False}])
 

@@ -405,7 +405,8 @@ def mcp_http_app(searcher: Searcher, host: str, hosts: list[str], token: str | N
     server = build_mcp_server(searcher, token=token, tokens=tokens)
     return RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                    max_request_body_size=max_body_bytes),
-                        token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, tokens=tokens)
+                        token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, tokens=tokens,
+                        jsonrpc=True)
 
 
 def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8766,

@@ -277,3 +277,87 @@ def test_tokens_file_entries_of_the_wrong_shape_are_refused(tmp_path):
         path.write_text(json.dumps({token_digest("t"): entry}))
         with pytest.raises(ValueError, match=says):
             TokenFile(str(path))
+
+
+# -- 6. number overflow and deep filters ------------------------------------------------------
+
+HUGE_INT = "1" + "0" * 400  # 401 digits: beyond a float, json reads it as an int
+
+
+def nested_not(levels: int) -> str:
+    return '{"not": ' * levels + '{"n": 1}' + "}" * levels
+
+
+@pytest.fixture(scope="module")
+def http_port(searcher):
+    with live_server(create_app(searcher)) as port:
+        yield port
+
+
+@pytest.mark.parametrize("filter_json,says", [
+    ('{"n": {"gte": %s}}' % HUGE_INT, "beyond the range of a number"),
+    ('{"n": %s}' % HUGE_INT, "beyond the range of a number"),
+    ('{"n": {"in": [1, -%s]}}' % HUGE_INT, "beyond the range of a number"),
+    (nested_not(20), "nests more than 8 levels"),
+    (nested_not(1000), "nests 1,002 JSON levels deep; at most 64"),
+    (nested_not(100_000), "nests 100,002 JSON levels deep"),
+])
+def test_http_refuses_huge_numbers_and_deep_filters_with_400(http_port, filter_json, says):
+    body = '{"query": "river", "filter": %s}' % filter_json
+    r = httpx.post(f"http://127.0.0.1:{http_port}/search", content=body.encode(), timeout=300,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text  # an OverflowError was a 500
+    assert says in r.json()["error"]
+
+
+def test_mcp_refuses_huge_numbers_and_deep_filters_with_a_tool_error(searcher):
+    import anyio
+    from mcp import Client
+
+    from funnel.serving.mcp import build_mcp_server
+
+    async def calls():
+        with anyio.fail_after(300):
+            async with Client(build_mcp_server(searcher)) as c:
+                return [await c.call_tool("search", {"query": "river", "filter": f}) for f in (
+                    {"n": {"gte": int(HUGE_INT)}}, {"n": {"in": [int(HUGE_INT)]}}, json.loads(nested_not(20)))]
+
+    huge, huge_in, deep = anyio.run(calls)
+    for res in (huge, huge_in):
+        assert res.is_error and "filter field 'n'" in res.content[0].text  # was a bare "Error executing tool"
+        assert "beyond the range of a number" in res.content[0].text
+    assert deep.is_error and "nests more than 8 levels" in deep.content[0].text
+
+
+def test_mcp_over_http_refuses_a_body_too_deep_to_parse_with_a_jsonrpc_error(searcher):
+    """What the real client can still send (150 levels) comes back as the JSON-RPC error it
+    shows its caller; a raw body 1,000 levels deep gets the same answer."""
+    with live_server(mcp_app(searcher)) as port:
+        with pytest.raises(BaseException) as raised:
+            mcp_call(port, "unused", "search", {"query": "river", "filter": json.loads(nested_not(150))})
+        assert "nests 154 JSON levels deep; at most 64" in repr(raised.value)
+        body = ('{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search", '
+                '"arguments": {"query": "river", "filter": %s}}}' % nested_not(1000))
+        r = httpx.post(f"http://127.0.0.1:{port}/mcp", content=body.encode(), timeout=60,
+                       headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 400 and "levels deep" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("filter_arg,says", [
+    ('{"n": {"gte": %s}}' % HUGE_INT, "beyond the range of a number"),
+    (nested_not(20), "nests more than 8 levels"),
+    (nested_not(1000), "nests 1,001 JSON levels deep"),
+    ('{"n": %s}' % ("9" * 5000), "not valid JSON"),
+])
+def test_cli_refuses_huge_numbers_and_deep_filters_with_exit_2(acl_index, filter_arg, says):
+    r = run_cli("search", acl_index[1], "river", "--filter", filter_arg)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # was a RecursionError traceback
+    assert says in r.stderr, r.stderr
+
+
+def test_cli_filter_file_is_bounded(acl_index, tmp_path):
+    from funnel.serving.filters import MAX_FILTER_CHARS
+    big = tmp_path / "f.json"
+    big.write_text('{"cat": "' + "x" * MAX_FILTER_CHARS + '"}')
+    r = run_cli("search", acl_index[1], "river", "--filter", f"@{big}")
+    assert r.returncode == 2 and f"at most {MAX_FILTER_CHARS:,}" in r.stderr, r.stderr
