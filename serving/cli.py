@@ -6,6 +6,8 @@
     funnel search INDEX_ROOT --queries queries.jsonl --mode bm25 --k 100 --run out.trec
     funnel eval --dataset BEIR_DIR [--index INDEX_ROOT] [--modes bm25,dense] [--check MATRIX]
     funnel compare RUN_A RUN_B --qrels QRELS
+    funnel get INDEX_ROOT DOC_ID [--start S --end E | --lines A:B] [--fields F] [--json]
+    funnel list INDEX_ROOT [--prefix P | --glob G] [--offset N] [--limit M] [--json]
     funnel serve INDEX_ROOT | funnel mcp INDEX_ROOT | funnel demo | funnel verify INDEX_ROOT | funnel gc INDEX_ROOT [--keep N]
 
 Start-up stays fast: building the parser imports nothing heavy. Choices that belong to
@@ -472,6 +474,88 @@ def cmd_enrich_report(a) -> int:
     return 0
 
 
+def _line_range(text: str) -> tuple[int, int | None]:
+    """``--lines A:B`` (or ``A-B``, as a citation prints it; ``A:`` to the end; ``A`` one line)
+    as (from_line, max_lines)."""
+    first, sep, last = text.replace("-", ":", 1).partition(":")
+    try:
+        a = int(first)
+        b = None if sep and not last.strip() else int(last) if sep else a
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected lines like 12:40 (or 12-40, 12: to the end), got {text!r}") from None
+    if a < 1 or (b is not None and b < a):
+        raise argparse.ArgumentTypeError(f"lines count from 1 and end at or after they start, got {text!r}")
+    return a, None if b is None else b - a + 1
+
+
+def _print_document(doc: dict) -> None:
+    """One fetched document for a terminal: id and title, which part of it, fields, the text."""
+    print(f"[{doc['doc_id']}] {doc.get('title') or ''}".rstrip())
+    lines = doc["line_start"] if doc["line_start"] == doc["line_end"] else f"{doc['line_start']}-{doc['line_end']}"
+    part = f"characters {doc['start']}-{doc['end']} of {doc['length']}, line{'s' if '-' in str(lines) else ''} {lines}"
+    if doc.get("truncated"):
+        part += f"; cut, continue with --start {doc['next_start']}"
+    print(f"({part})")
+    for k, v in (doc.get("fields") or {}).items():
+        print(f"{k}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
+    print()
+    print(doc.get("text") or "")
+
+
+def cmd_get(a) -> int:
+    if not a.ids and a.prefix is None and a.glob is None:
+        return _err("give a doc_id (funnel get INDEX DOC_ID), several, or --prefix / --glob")
+    if a.lines is not None and (a.start is not None or a.end is not None):
+        return _err("give --lines or --start/--end, not both")
+    from_line, max_lines = a.lines if a.lines is not None else (None, None)
+    ix = _searcher(a.index, a, kernels=False)
+    kw = dict(from_line=from_line, max_lines=max_lines, fields=a.fields)
+    if len(a.ids) == 1 and a.prefix is None and a.glob is None:
+        doc = ix.get_document(a.ids[0], a.start, a.end, **kw)
+        if doc is None:
+            return _err(f"no document with doc_id {a.ids[0]!r} in {a.index} (version {ix.version}); "
+                        f"`funnel list {a.index} --prefix ...` lists the ids")
+        if a.json:
+            print(json.dumps(doc, ensure_ascii=False, indent=2))
+        else:
+            _print_document(doc)
+        return 0
+    got = ix.get_documents(a.ids or None, a.start, a.end, prefix=a.prefix, glob=a.glob, **kw)
+    if a.json:
+        print(json.dumps(got, ensure_ascii=False, indent=2))
+    else:
+        for i, doc in enumerate(got["documents"]):
+            if i:
+                print("\n---\n")
+            _print_document(doc)
+    if got["missing"]:
+        print(f"missing: {', '.join(got['missing'])}", file=sys.stderr)
+    if got["deferred"]:
+        print(f"deferred (over {got['max_chars']:,} characters in all; ask for them again): "
+              f"{', '.join(got['deferred'])}", file=sys.stderr)
+    if got.get("matched", 0) > len(got["documents"]) + len(got["deferred"]):
+        print(f"{got['matched']} ids match; these are the first {len(got['documents']) + len(got['deferred'])} "
+              f"(funnel list {a.index} pages through them)", file=sys.stderr)
+    return 1 if got["missing"] and not got["documents"] else 0
+
+
+def cmd_list(a) -> int:
+    if a.prefix is not None and a.glob is not None:
+        return _err("give --prefix or --glob, not both")
+    ix = _searcher(a.index, a, kernels=False)
+    got = ix.list_documents(a.prefix, glob=a.glob, offset=a.offset, limit=a.limit, fields=a.fields)
+    if a.json:
+        print(json.dumps(got, ensure_ascii=False, indent=2))
+        return 0
+    for d in got["documents"]:
+        extra = f"\t{json.dumps(d['fields'], ensure_ascii=False)}" if "fields" in d else ""
+        print(f"{d['doc_id']}\t{d['title'] or ''}{extra}")
+    shown = f"{a.offset + 1}-{a.offset + len(got['documents'])}" if got["documents"] else "none"
+    nxt = f"; next page: --offset {got['next_offset']}" if got["next_offset"] is not None else ""
+    print(f"({shown} of {got['total']:,} documents{nxt})", file=sys.stderr)
+    return 0
+
+
 def cmd_gc(a) -> int:
     from funnel.pipelines import remote
     from funnel.pipelines.artifacts import gc
@@ -639,6 +723,47 @@ def _add_search_parser(sub, common) -> None:
     s.set_defaults(fn=cmd_search)
 
 
+def _add_document_parsers(sub, common) -> None:
+    g = sub.add_parser("get", parents=[common], formatter_class=_HelpFormatter,
+                       help="print a document, or the lines or characters a citation names",
+                       description="Print a stored document: all of it, the characters [--start, --end) or the "
+                                   "lines --lines A:B that a search hit's citation gives, with its fields "
+                                   "if asked. Several ids, --prefix or --glob fetch several at once (at most "
+                                   "20, and 100,000 characters in all).")
+    g.add_argument("index", help="INDEX_ROOT (the folder holding CURRENT) or one version folder")
+    g.add_argument("ids", nargs="*", metavar="DOC_ID", help="the document id(s), as hits show them")
+    g.add_argument("--start", type=int, default=None, help="first character (default: 0)")
+    g.add_argument("--end", type=int, default=None, help="character after the last (default: the end)")
+    g.add_argument("--lines", type=_line_range, default=None, metavar="A:B",
+                   help="lines A to B, 1-based, as a citation prints them (A-B also; A: to the end) (default: all)")
+    g.add_argument("--prefix", default=None, help="the documents whose id starts with it (default: none)")
+    g.add_argument("--glob", default=None, help="the documents whose id matches it, e.g. 'runbooks/*.md' "
+                                                "(default: none)")
+    g.add_argument("--fields", default=None, metavar="NAMES",
+                   help="fields to show: names separated by commas, or '*' for all (default: none)")
+    g.add_argument("--json", action="store_true", help="print the answer as JSON")
+    g.add_argument("--verify", choices=["none", "sizes", "cached", "full"], default="cached",
+                   help="how the index files are checked on open (as for search)")
+    g.set_defaults(fn=cmd_get)
+
+    ls = sub.add_parser("list", parents=[common], formatter_class=_HelpFormatter,
+                        help="list documents in id order, a page at a time",
+                        description="List the index's documents in id order (id and title, tab-separated), "
+                                    "optionally those whose id starts with --prefix or matches --glob; the "
+                                    "count and the next page's --offset go to stderr.")
+    ls.add_argument("index", help="INDEX_ROOT (the folder holding CURRENT) or one version folder")
+    ls.add_argument("--prefix", default=None, help="only ids that start with it (default: every id)")
+    ls.add_argument("--glob", default=None, help="only ids that match it, e.g. '*.pdf' (default: every id)")
+    ls.add_argument("--offset", type=int, default=0, help="ids to skip")
+    ls.add_argument("--limit", type=_positive_int, default=100, help="ids per page, at most 1000")
+    ls.add_argument("--fields", default=None, metavar="NAMES",
+                    help="fields to show: names separated by commas, or '*' for all (default: none)")
+    ls.add_argument("--json", action="store_true", help="print the page as JSON")
+    ls.add_argument("--verify", choices=["none", "sizes", "cached", "full"], default="cached",
+                    help="how the index files are checked on open (as for search)")
+    ls.set_defaults(fn=cmd_list)
+
+
 def _add_eval_parser(sub, common) -> None:
     e = sub.add_parser("eval", parents=[common], formatter_class=_HelpFormatter,
                        help="evaluate modes on a BEIR dataset (builds the index if needed)")
@@ -772,6 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_reindex)
 
     _add_search_parser(sub, common)
+    _add_document_parsers(sub, common)
     _add_eval_parser(sub, common)
 
     from funnel.evaluation.evalcli import add_compare_parser

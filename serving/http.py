@@ -67,6 +67,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from funnel.pipelines.artifacts import IndexFormatError
 
 from .citations import MAX_RANGE_CHARS
+from .documents import MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_PATTERN_CHARS
 from .connections import ConnectionLimits, uvicorn_config
 from .safejson import nesting_depth
 from .scrub import ScrubConfig, start_scrub
@@ -172,6 +173,8 @@ def _text(value: Any) -> Any:
 
 Text = Annotated[str, BeforeValidator(_text)]
 Term = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_TERM_CHARS)]
+FieldName = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_FIELD_NAME_CHARS)]
+FieldNames = Annotated[list[FieldName], Field(max_length=MAX_FIELD_NAMES)]
 
 
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +260,9 @@ class TermStatsRequest(BaseModel):
 
 #: ``/documents/{id}``'s query parameters; any other is refused (a misspelt ``strat`` would
 #: otherwise fetch from the beginning without a word).
-RANGE_PARAMS = ("start", "end")
+RANGE_PARAMS = ("start", "end", "from_line", "max_lines", "fields")
+#: ``GET /documents``'s query parameters (a page of the list, ``Searcher.list_documents``).
+LIST_PARAMS = ("prefix", "glob", "offset", "limit", "fields")
 
 
 def check_range(start: Any = None, end: Any = None) -> tuple[int | None, int | None]:
@@ -308,17 +313,24 @@ def check_range(start: Any = None, end: Any = None) -> tuple[int | None, int | N
 def range_params(params) -> tuple[int | None, int | None]:
     """:func:`check_range` of a request's query parameters (a Starlette ``QueryParams``):
     only :data:`RANGE_PARAMS`, each at most once."""
+    seen = query_params(params, RANGE_PARAMS)
+    return check_range(seen.get("start"), seen.get("end"))
+
+
+def query_params(params, valid: tuple[str, ...]) -> dict[str, str]:
+    """A request's query parameters (a Starlette ``QueryParams``) as a dict: only ``valid``
+    names, each at most once, else a SearchError naming the valid ones."""
     items = params.multi_items()
-    unknown = sorted({k for k, _ in items} - set(RANGE_PARAMS))
+    unknown = sorted({k for k, _ in items} - set(valid))
     if unknown:
         shown = ", ".join(repr(k[:40]) for k in unknown[:5])
-        raise SearchError(f"unknown query parameter(s) {shown}; valid: {', '.join(RANGE_PARAMS)}")
+        raise SearchError(f"unknown query parameter(s) {shown}; valid: {', '.join(valid)}")
     seen: dict[str, str] = {}
     for k, v in items:
         if k in seen:
             raise SearchError(f"{k} is given more than once; pass it once")
         seen[k] = v
-    return check_range(seen.get("start"), seen.get("end"))
+    return seen
 
 
 class DocumentsRequest(BaseModel):
@@ -326,20 +338,29 @@ class DocumentsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[Text] = Field(min_length=1, max_length=MAX_DOCUMENT_IDS,
-                            description=f"doc_ids from search hits: at most {MAX_DOCUMENT_IDS}; a repeated one "
-                                        "is answered once")
+    ids: list[Text] | None = Field(None, min_length=1, max_length=MAX_DOCUMENT_IDS,
+                                   description=f"doc_ids from search hits: at most {MAX_DOCUMENT_IDS}; a repeated one "
+                                               "is answered once")
+    prefix: Text | None = Field(None, max_length=MAX_PATTERN_CHARS,
+                                description=f"instead of ids: the first {MAX_DOCUMENT_IDS} ids starting with it")
+    glob: Text | None = Field(None, max_length=MAX_PATTERN_CHARS,
+                              description=f"instead of ids: the first {MAX_DOCUMENT_IDS} ids matching it (* ? [...])")
     start: StrictInt | None = Field(None, description="first character of each document's text (default 0)")
     end: StrictInt | None = Field(None, description="character after the last one (default: the end of the text)")
+    from_line: StrictInt | None = Field(None, description="instead of start/end: the first line (1-based)")
+    max_lines: StrictInt | None = Field(None, description="lines from from_line (default: to the end)")
+    fields: FieldNames | FieldName | None = Field(None, description="field names to add to each document, or \"*\" "
+                                                                "for all of them (default: none)")
 
 
-def get_documents(searcher: Searcher, ids: list[str], start: Any = None, end: Any = None,
-                  principal=None) -> dict[str, Any]:
+def get_documents(searcher: Searcher, ids: list[str] | None, start: Any = None, end: Any = None,
+                  principal=None, **named: Any) -> dict[str, Any]:
     """``POST /documents`` (and the MCP ``get_documents`` tool): the range checked first
-    (:func:`check_range`), then ``Searcher.get_documents`` on one index version, its
-    answer with the range asked for added as ``start`` and ``end``."""
+    (:func:`check_range`), then ``Searcher.get_documents`` on one index version (``named``:
+    its ``prefix``, ``glob``, ``from_line``, ``max_lines``, ``fields``), its answer with the
+    range asked for added as ``start`` and ``end``."""
     a, b = check_range(start, end)
-    return {**searcher.get_documents(ids, a, b, principal=principal), "start": a, "end": b}
+    return {**searcher.get_documents(ids, a, b, principal=principal, **named), "start": a, "end": b}
 
 
 def search_with_options(searcher: Searcher, query: str, mode: str, k: int, options: dict[str, Any],
@@ -775,22 +796,41 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
         return search_with_options(s, req.query, req.mode, req.k, req.options, filter=req.filter,
                                    principal=principal_of(request)).to_dict()
 
+    @app.get("/documents")
+    def list_documents(request: Request, s: Searcher = Depends(refreshed),
+                       prefix: str | None = Query(None, description="only ids that start with it"),
+                       glob: str | None = Query(None, description="only ids that match it (* ? [...])"),
+                       offset: str | None = Query(None, description="ids to skip (default 0)"),
+                       limit: str | None = Query(None, description="ids per page (default 100, at most 1000)"),
+                       fields: str | None = Query(None, description="field names to add (a,b) or *")
+                       ) -> dict[str, Any]:
+        # declared for the OpenAPI page; query_params reads them and refuses any other parameter
+        q = query_params(request.query_params, LIST_PARAMS)
+        return s.list_documents(q.get("prefix"), glob=q.get("glob"), offset=q.get("offset"), limit=q.get("limit"),
+                                fields=q.get("fields"), principal=principal_of(request))
+
     @app.get("/documents/{doc_id:path}")
     def get_document(doc_id: str, request: Request, s: Searcher = Depends(refreshed),
                      start: str | None = Query(None, description="first character (default 0)"),
-                     end: str | None = Query(None, description="character after the last (default: the end)")
+                     end: str | None = Query(None, description="character after the last (default: the end)"),
+                     from_line: str | None = Query(None, description="instead of start/end: the first line (1-based)"),
+                     max_lines: str | None = Query(None, description="lines from from_line (default: to the end)"),
+                     fields: str | None = Query(None, description="field names to add (a,b) or * (default: none)")
                      ) -> dict[str, Any]:
-        # start and end are declared for the OpenAPI page; range_params reads them, refuses any
-        # other parameter, and runs before the lookup: a bad range answers the same for any id
-        a, b = range_params(request.query_params)
-        doc = s.get_document(doc_id, a, b, principal=principal_of(request))  # forbidden answers as missing
+        # declared for the OpenAPI page; query_params reads them, refuses any other parameter,
+        # and the checks run before the lookup: a bad range answers the same for any id
+        q = query_params(request.query_params, RANGE_PARAMS)
+        a, b = check_range(q.get("start"), q.get("end"))
+        doc = s.get_document(doc_id, a, b, from_line=q.get("from_line"), max_lines=q.get("max_lines"),
+                             fields=q.get("fields"), principal=principal_of(request))  # forbidden answers as missing
         if doc is None:
             raise HTTPException(404, f"no document with doc_id {doc_id!r} in index version {s.version}")
         return doc
 
     @app.post("/documents")
     def get_documents_(req: DocumentsRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
-        return get_documents(s, req.ids, req.start, req.end, principal=principal_of(request))
+        return get_documents(s, req.ids, req.start, req.end, principal=principal_of(request), prefix=req.prefix,
+                             glob=req.glob, from_line=req.from_line, max_lines=req.max_lines, fields=req.fields)
 
     @app.post("/term_stats")
     def term_stats_(req: TermStatsRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def _read_parquet(path: str, columns: list[str], **kw) -> pa.Table:
 #: Bytes of decoded document text a ``DocStore`` keeps (``FUNNEL_DOC_CACHE_MIB``, default 1024).
 DOC_CACHE_BYTES = int(float(os.environ.get("FUNNEL_DOC_CACHE_MIB") or 1024) * 2 ** 20)
 _TEXT_COLUMNS = ("doc_id", "title", "text", "content_hash")
+#: Read with them where the file has it: each document's fields as JSON (``pipelines/fields.py``).
+_FIELDS_COLUMN = "fields"
 
 
 class DocStore:
@@ -275,7 +277,8 @@ class DocStore:
         try:
             if pf is None:
                 pf = pq.ParquetFile(path, memory_map=True)
-            t = pf.read_row_group(group, columns=list(_TEXT_COLUMNS))
+            extra = [_FIELDS_COLUMN] if _FIELDS_COLUMN in pf.schema_arrow.names else []
+            t = pf.read_row_group(group, columns=list(_TEXT_COLUMNS) + extra)
         except (OSError, ValueError, pa.ArrowException) as e:
             raise _damaged(path, e) from e
         with self._lock:
@@ -284,8 +287,9 @@ class DocStore:
 
     @staticmethod
     def _decode(t: pa.Table) -> tuple[dict[str, list], int]:
-        """A row group's text columns as Python lists, and its size (what the bound counts)."""
-        return {c: t.column(c).to_pylist() for c in _TEXT_COLUMNS}, t.nbytes
+        """A row group's text columns (and fields) as Python lists, and its size (what the bound
+        counts)."""
+        return {c: t.column(c).to_pylist() for c in t.column_names}, t.nbytes
 
     def _keep(self, key: tuple[int, int], hit: tuple[dict[str, list], int]) -> tuple[dict[str, list], int]:
         """Cache a decoded row group (lock held), evicting the least recently used beyond the
@@ -326,6 +330,14 @@ class DocStore:
         cols, r = self._row(s, i)
         return {"doc_id": cols["doc_id"][r], "title": cols["title"][r], "text": cols["text"][r],
                 "content_hash": cols["content_hash"][r], "shard": s, "local_id": i}
+
+    def fields_json(self, n: int) -> str | None:
+        """Document ``n``'s fields as the JSON text the build stored (None: it has none, or the
+        index was built before documents kept fields); read with its row group, as ``get``."""
+        s, i = split_docno(n)
+        cols, r = self._row(s, i)
+        got = cols.get(_FIELDS_COLUMN)
+        return got[r] if got is not None else None
 
 
 class IndexVersion:

@@ -493,7 +493,10 @@ class BM25Retriever:
         return self.search_weighted(dict(self.query_terms(query)), k, params)
 
     def explain(self, terms: dict[str, float], n: int, params: BM25Params | None = None) -> dict[str, dict]:
-        """Per matched term: tf, df, idf and its contribution to the document's score."""
+        """Per matched term: tf, df, idf and its contribution to the document's score. For a
+        restricted caller (``filters.restricted``) df counts the documents it may read and idf,
+        a function of the global df, is None (docs/filters-and-access.md, "The statistics side
+        channel"), as ``Searcher.term_stats`` gives them."""
         params = params or BM25Params()
         ix = self.index
         gids, ws, kept = self.weights(terms)
@@ -504,9 +507,10 @@ class BM25Retriever:
         dl = float(shard.lengths(params)[local])
         denom = params.k1 * (1 - params.b + params.b * dl / ix.avgdl)
         out = {}
+        hide_idf = filters.restricted() is not None
         for t, g, w, tf in zip(kept, gids, ws, tfs):
             if tf > 0:
                 out[t] = {"tf": int(tf), "df": _shown_df(ix, g), "weight": float(terms[t]),
-                          "idf": float(idf_lucene(ix.df[g], ix.n_docs_nonempty)),
+                          "idf": None if hide_idf else float(idf_lucene(ix.df[g], ix.n_docs_nonempty)),
                           "contribution": float(w * tf / (tf + denom))}
         return out

@@ -14,10 +14,15 @@ Tools (all read-only):
   per call; structured content the stored document (doc_id, title, text, content_hash,
   shard, local_id) with ``start``, ``end``, ``length``, ``line_start``, ``line_end``,
   ``truncated`` and ``next_start`` (where to continue).
+  ``from_line``/``max_lines`` instead of ``start``/``end`` fetch whole lines; ``fields``
+  (names, or ``"*"``) adds the document's fields.
 - ``get_documents(doc_ids, start=None, end=None)``: up to ``MAX_DOCUMENT_IDS`` documents in
   one call, ``MAX_RANGE_CHARS`` characters in all; structured content as ``POST /documents``
   (documents, missing, deferred). A document the caller may not read is ``missing``, as one
-  that does not exist.
+  that does not exist. Instead of ``doc_ids``, an id ``prefix`` or ``glob`` names the first
+  ``MAX_DOCUMENT_IDS`` matching ids (``matched`` counts them all).
+- ``list_documents(prefix=None, glob=None, offset=0, limit=100)``: a page of doc ids and
+  titles in id order, with ``total`` and ``next_offset``; only documents the caller may read.
 - ``status()``: index version, document and passage counts, the modes it answers, the
   fields a filter may name, whether access control is on; as ``GET /status``.
 - ``term_stats(terms)``: document frequency and idf per analyzed term, never passages;
@@ -69,6 +74,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from funnel.pipelines.artifacts import IndexFormatError
 
 from .citations import MAX_RANGE_CHARS
+from .documents import DEFAULT_LIST_LIMIT, MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_LIST_LIMIT, MAX_PATTERN_CHARS
 from .connections import ConnectionLimits, uvicorn_config
 from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS,
                    MAX_TERMS, RefreshThrottle, RequestGuard, Term, Text, caller_of, check_exposure, check_options,
@@ -110,6 +116,15 @@ def _document_text(doc: dict[str, Any]) -> str:
 Offset = Annotated[StrictInt | None, Field(description="character offset into the document's text, as a "
                                                         "hit's citation gives it; leave out for the beginning "
                                                         "(start) or the end (end)")]
+#: ``from_line`` and ``max_lines`` (``documents.check_lines`` checks their values).
+FromLine = Annotated[StrictInt | None, Field(description="instead of start/end: the first line to fetch, 1-based, "
+                                                          "as a hit's citation gives it (line_start)")]
+MaxLines = Annotated[StrictInt | None, Field(description="how many lines from from_line (default: to the end)")]
+#: ``fields``: names (``documents.check_fields`` checks them against the index's).
+Fields = Annotated[Annotated[list[Annotated[Text, Field(max_length=MAX_FIELD_NAME_CHARS)]],
+                             Field(max_length=MAX_FIELD_NAMES)] | Text | None,
+                   Field(description="the document fields to add (front matter, path, format, your own columns): "
+                                     "a list of names, or \"*\" for all of them; default none")]
 
 
 class _StdinLines:
@@ -235,11 +250,21 @@ class FunnelMCPServer(MCPServer):
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def package_version() -> str:
+    """The installed funnel's version (the MCP ``serverInfo.version``); "unknown" where the
+    package metadata is absent (a source tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("funnel")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
                      max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, token: str | None = None,
                      tokens=None) -> MCPServer:
     """An :class:`MCPServer` with the ``search``, ``get_document``, ``get_documents``,
-    ``term_stats`` and ``status`` tools.
+    ``list_documents``, ``term_stats`` and ``status`` tools.
 
     Parameters
     ----------
@@ -260,7 +285,7 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
     MCPServer
         Ready to ``run()``, or to connect to in-process with ``mcp.Client(server)``.
     """
-    server = FunnelMCPServer("funnel", instructions=INSTRUCTIONS, log_level="WARNING",
+    server = FunnelMCPServer("funnel", instructions=INSTRUCTIONS, log_level="WARNING", version=package_version(),
                              max_line_bytes=max_line_bytes)
     throttle = RefreshThrottle(searcher, refresh_interval)
 
@@ -322,38 +347,78 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
         doc_id: Annotated[Text, Field(min_length=1, description="a doc_id from a search hit")],
         start: Offset = None,
         end: Offset = None,
+        from_line: FromLine = None,
+        max_lines: MaxLines = None,
+        fields: Fields = None,
         ctx: Context = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         # the range first (the same answer for any id); forbidden answers as missing; the
         # method is looked up inside guarded(): with no servable version (a scrub quarantined
         # it) the lookup itself raises IndexFormatError
-        doc = guarded(lambda: searcher.get_document(doc_id, *check_range(start, end), principal=caller(ctx)))
+        doc = guarded(lambda: searcher.get_document(doc_id, *check_range(start, end), from_line=from_line,
+                                                    max_lines=max_lines, fields=fields, principal=caller(ctx)))
         if doc is None:
             raise ToolError(f"no document with doc_id {doc_id!r} in index version {searcher.version}; "
                             "use a doc_id from a search hit")
         return _text_result(_document_text(doc), doc)
 
     @server.tool(annotations=_READ_ONLY, description=(
-        "Fetch several documents at once, each whole or characters [start, end). At most "
-        f"{MAX_DOCUMENT_IDS} ids and {MAX_RANGE_CHARS:,} characters in all: the ids past that bound come "
-        "back as deferred (ask again for them). Ids this index does not have, or that you may not read, "
-        "come back as missing."))
+        "Fetch several documents at once, each whole, characters [start, end) or lines from from_line. "
+        f"Name them by doc_ids, or by an id prefix or glob (the first {MAX_DOCUMENT_IDS} matching ids; "
+        f"matched counts them all). At most {MAX_DOCUMENT_IDS} ids and {MAX_RANGE_CHARS:,} characters in "
+        "all: the ids past that bound come back as deferred (ask again for them). Ids this index does not "
+        "have, or that you may not read, come back as missing."))
     def get_documents(
-        doc_ids: Annotated[list[Text], Field(min_length=1, max_length=MAX_DOCUMENT_IDS,
-                                             description=f"doc_ids from search hits: at most {MAX_DOCUMENT_IDS}; "
-                                                         "a repeated one is answered once")],
+        doc_ids: Annotated[list[Text] | None, Field(min_length=1, max_length=MAX_DOCUMENT_IDS,
+                                                    description=f"doc_ids from search hits: at most "
+                                                                f"{MAX_DOCUMENT_IDS}; a repeated one is answered "
+                                                                "once")] = None,
+        prefix: Annotated[Text | None, Field(max_length=MAX_PATTERN_CHARS,
+                                             description="instead of doc_ids: ids that start with it")] = None,
+        glob: Annotated[Text | None, Field(max_length=MAX_PATTERN_CHARS,
+                                           description="instead of doc_ids: ids that match it, e.g. "
+                                                       "'runbooks/*.md' (* ? [...])")] = None,
         start: Offset = None,
         end: Offset = None,
+        from_line: FromLine = None,
+        max_lines: MaxLines = None,
+        fields: Fields = None,
         ctx: Context = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
-        got = guarded(get_documents_of, searcher, doc_ids, start, end, principal=caller(ctx))
+        got = guarded(get_documents_of, searcher, doc_ids, start, end, principal=caller(ctx), prefix=prefix,
+                      glob=glob, from_line=from_line, max_lines=max_lines, fields=fields)
         parts = [_document_text(d) for d in got["documents"]]
         if got["missing"]:
             parts.append("missing (not in this index): " + ", ".join(got["missing"]))
         if got["deferred"]:
             parts.append(f"deferred (over {got['max_chars']:,} characters in all; ask again): "
                          + ", ".join(got["deferred"]))
-        return _text_result("\n\n---\n\n".join(parts), got)
+        if got.get("matched", 0) > len(got["documents"]) + len(got["deferred"]):
+            parts.append(f"{got['matched']} ids match; these are the first {MAX_DOCUMENT_IDS} "
+                         "(list_documents pages through all of them)")
+        return _text_result("\n\n---\n\n".join(parts) or "no documents match", got)
+
+    @server.tool(annotations=_READ_ONLY, description=(
+        "List documents in id order: their doc_id, title and length, a page at a time (offset, limit), "
+        "narrowed to ids that start with a prefix or match a glob. total counts every match you may read; "
+        "next_offset is the next page's offset."))
+    def list_documents(
+        prefix: Annotated[Text | None, Field(max_length=MAX_PATTERN_CHARS,
+                                             description="only ids that start with it, e.g. 'runbooks/'")] = None,
+        glob: Annotated[Text | None, Field(max_length=MAX_PATTERN_CHARS,
+                                           description="only ids that match it, e.g. '*.pdf' (* ? [...])")] = None,
+        offset: Annotated[StrictInt, Field(ge=0, description="ids to skip")] = 0,
+        limit: Annotated[StrictInt, Field(ge=1, le=MAX_LIST_LIMIT, description="ids per page")] = DEFAULT_LIST_LIMIT,
+        fields: Fields = None,
+        ctx: Context = None,
+    ) -> Annotated[CallToolResult, dict[str, Any]]:
+        got = guarded(lambda: searcher.list_documents(prefix, glob=glob, offset=offset, limit=limit, fields=fields,
+                                                      principal=caller(ctx)))
+        lines = [f"[{d['doc_id']}] {d['title'] or ''}".rstrip() for d in got["documents"]]
+        shown = f"{offset + 1}-{offset + len(lines)}" if lines else "none"
+        lines.append(f"({shown} of {got['total']} documents"
+                     + (f"; next page: offset={got['next_offset']})" if got["next_offset"] is not None else ")"))
+        return _text_result("\n".join(lines), got)
 
     @server.tool(annotations=_READ_ONLY)
     def term_stats(

@@ -512,58 +512,62 @@ class VersionSearcher:
 
     # -- documents and statistics ----------------------------------------------------------
     def get_document(self, doc_id: str, start: int | None = None, end: int | None = None, *,
+                     from_line: int | None = None, max_lines: int | None = None, fields: Any = None,
                      principal: Any = None, max_chars: int | None = None) -> dict | None:
         """The stored document, or None; as ``principal``, None also where it may not read it
         (exactly as for a missing id).
 
-        ``text`` is ``[start, end)`` of the document's text (default: all of it), at most
-        ``max_chars`` characters (default ``citations.MAX_RANGE_CHARS``); the result adds
-        ``start``, ``end``, ``length``, ``line_start``, ``line_end``, ``truncated`` and
-        ``next_start`` (see ``citations.text_range``). A bad range raises SearchError
-        naming the document's length."""
-        from .citations import MAX_RANGE_CHARS, text_range
-        n = self.index.docs.docno_of(doc_id)
-        if n is not None and principal is not None and not principal.admin:
-            mask = self.mask(None, principal)
-            if mask is not None and not mask.allows_docno(n):
-                n = None
-        if n is None:
-            return None
-        return text_range(self.index.docs.get(n), start, end, MAX_RANGE_CHARS if max_chars is None else max_chars)
+        ``text`` is ``[start, end)`` of the document's text (default: all of it), or lines
+        ``from_line`` (1-based) to ``from_line + max_lines - 1`` (each with its newline; no
+        ``max_lines``: to the end), at most ``max_chars`` characters (default
+        ``citations.MAX_RANGE_CHARS``); the result adds ``start``, ``end``, ``length``,
+        ``line_start``, ``line_end``, ``truncated`` and ``next_start`` (see
+        ``citations.text_range``). ``fields``: a list of field names, or ``"*"`` for all of
+        them, added as ``fields`` (default none; ``serving.documents``). A bad range or field
+        raises SearchError naming the document's length, lines or fields."""
+        from . import documents
+        return documents.get_document(self, doc_id, start, end, from_line=from_line, max_lines=max_lines,
+                                      fields=fields, principal=principal, max_chars=max_chars)
 
-    def get_documents(self, doc_ids: list[str], start: int | None = None, end: int | None = None, *,
-                      principal: Any = None, max_chars: int | None = None) -> dict:
+    def get_documents(self, doc_ids: list[str] | None = None, start: int | None = None, end: int | None = None, *,
+                      prefix: str | None = None, glob: str | None = None, from_line: int | None = None,
+                      max_lines: int | None = None, fields: Any = None, principal: Any = None,
+                      max_chars: int | None = None) -> dict:
         """Several documents in one call, all from this one version: ``{"version",
-        "documents", "missing", "deferred", "max_chars"}``.
+        "documents", "missing", "deferred", "max_chars"}``, and ``matched`` when named by a
+        pattern.
 
-        At most :data:`MAX_DOCUMENT_IDS` ids; a repeated one is answered once. Each document is
-        :meth:`get_document`'s answer for ``[start, end)``, in the order asked, and together
-        their texts hold at most ``max_chars`` characters (default
-        ``citations.MAX_RANGE_CHARS``, the bound of one ``get_document``): the document that
-        meets the bound comes back cut (``truncated``, ``next_start``) and the ids after it
-        are ``deferred``, not looked up (ask again for them). ``missing`` are ids this
-        version does not have or, as ``principal``, may not read: the two are not told apart.
-        A bad range raises SearchError, as :meth:`get_document` does."""
-        from .citations import MAX_RANGE_CHARS
-        doc_ids = list(doc_ids)
-        if len(doc_ids) > MAX_DOCUMENT_IDS:
-            raise SearchError(f"{len(doc_ids)} doc_ids; at most {MAX_DOCUMENT_IDS} per call: split them into "
-                              "several calls")
-        ids = list(dict.fromkeys(doc_ids))
-        budget = MAX_RANGE_CHARS if max_chars is None else max_chars
-        docs, missing, deferred = [], [], []
-        for doc_id in ids:
-            if budget <= 0:
-                deferred.append(doc_id)
-                continue
-            doc = self.get_document(doc_id, start, end, principal=principal, max_chars=budget)
-            if doc is None:
-                missing.append(doc_id)
-                continue
-            budget -= len(doc["text"])
-            docs.append(doc)
-        return {"version": self.version, "documents": docs, "missing": missing, "deferred": deferred,
-                "max_chars": MAX_RANGE_CHARS if max_chars is None else max_chars}
+        Named by ``doc_ids`` (at most :data:`MAX_DOCUMENT_IDS`; a repeated one is answered
+        once), or by an id ``prefix`` or ``glob`` (``fnmatch``: ``*``, ``?``, ``[...]``): the
+        first :data:`MAX_DOCUMENT_IDS` matching ids the caller may read, in id order, with
+        ``matched`` saying how many match in all (page through them with
+        :meth:`list_documents`). Each document is :meth:`get_document`'s answer for the same
+        range and fields, in the order asked, and together their texts hold at most
+        ``max_chars`` characters (default ``citations.MAX_RANGE_CHARS``, the bound of one
+        ``get_document``): the document that meets the bound comes back cut (``truncated``,
+        ``next_start``) and the ids after it are ``deferred``, not looked up (ask again for
+        them). ``missing`` are ids this version does not have or, as ``principal``, may not
+        read: the two are not told apart. A bad argument raises SearchError, as
+        :meth:`get_document` does."""
+        from . import documents
+        return documents.get_documents(self, doc_ids, start, end, prefix=prefix, glob=glob, from_line=from_line,
+                                       max_lines=max_lines, fields=fields, principal=principal,
+                                       max_chars=max_chars, max_ids=MAX_DOCUMENT_IDS)
+
+    def list_documents(self, prefix: str | None = None, *, glob: str | None = None, offset: int = 0,
+                       limit: int | None = None, fields: Any = None, principal: Any = None) -> dict:
+        """A page of this version's documents in id order: ``{"version", "prefix", "glob",
+        "offset", "limit", "total", "next_offset", "documents": [{"doc_id", "title",
+        "length"}]}``.
+
+        Narrowed to ids that start with ``prefix`` or match ``glob``; ``offset`` (default 0)
+        and ``limit`` (default ``documents.DEFAULT_LIST_LIMIT``, at most
+        ``documents.MAX_LIST_LIMIT``) page through them, ``next_offset`` is the next page's
+        offset (None after the last) and ``total`` counts every match. As ``principal``, only
+        documents it may read are listed or counted. ``fields`` as for :meth:`get_document`."""
+        from . import documents
+        return documents.list_documents(self, prefix, glob=glob, offset=offset, limit=limit, fields=fields,
+                                        principal=principal)
 
     def mask(self, filter: Any = None, principal: Any = None) -> "filters.Mask | None":
         """The :class:`~funnel.serving.filters.Mask` of a search with ``filter`` run as

@@ -13,7 +13,7 @@ import pytest
 
 from funnel.serving.cli import build_parser, main
 
-COMMANDS = ("build", "search", "eval", "compare", "demo", "verify", "serve", "mcp", "gc", "reindex")
+COMMANDS = ("build", "search", "get", "list", "eval", "compare", "demo", "verify", "serve", "mcp", "gc", "reindex")
 
 
 def option_entries(help_text: str) -> dict[str, str]:

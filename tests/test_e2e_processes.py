@@ -116,8 +116,8 @@ def test_funnel_mcp_over_streamable_http(demo_index_1):
                         "--port", str(port)) as (proc, output):
         wait_until(listening, proc, output, "funnel mcp")
         tools, res, bad = anyio.run(session_calls)
-        assert {t.name for t in tools.tools} == {"search", "get_document", "get_documents", "term_stats",
-                                                  "status"}
+        assert {t.name for t in tools.tools} == {"search", "get_document", "get_documents", "list_documents",
+                                                  "term_stats", "status"}
         assert not res.is_error
         assert res.content[0].text.startswith(f"Found 3 documents for {QUERY!r}")
         hits = res.structured_content["hits"]

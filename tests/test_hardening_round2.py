@@ -361,3 +361,101 @@ def test_cli_filter_file_is_bounded(acl_index, tmp_path):
     big.write_text('{"cat": "' + "x" * MAX_FILTER_CHARS + '"}')
     r = run_cli("search", acl_index[1], "river", "--filter", f"@{big}")
     assert r.returncode == 2 and f"at most {MAX_FILTER_CHARS:,}" in r.stderr, r.stderr
+
+
+# -- 7. a restricted caller sees no idf ---------------------------------------------------------
+
+#: alice (group eng) reads public documents and those of alice and eng (``fields_corpus``).
+ALICE_READS = {"public", "alice", "eng"}
+MODES_7 = [("bm25", {}), ("dense", {}), ("hybrid", {}), ("sira", {"proposer": "prf"}),
+           ("sira", {"proposer": "dense"})]
+
+
+@pytest.fixture(scope="module")
+def dense_acl(tmp_path_factory):
+    """(visible df by analysed term, visible document count, searcher) over the 400-document
+    ACL corpus with vectors, as alice sees it."""
+    from fields_corpus import acl_dense_index
+    corpus, root = acl_dense_index(tmp_path_factory)
+    s = open_index(root)
+    s.warm()
+    rows = [json.loads(line) for line in open(corpus)]
+    visible = [r for r in rows if (r.get("acl") or ["public"])[0] in ALICE_READS]
+    df: dict[str, int] = {}
+    for r in visible:
+        for t in set(s.index.analyzer.analyze(f"{r['title']}\n{r['text']}")):
+            df[t] = df.get(t, 0) + 1
+    yield df, len(visible), s
+    s.close()
+
+
+def check_statistics(body, df: dict[str, int], n_visible: int) -> int:
+    """Every idf in ``body`` (a decoded answer) is None, every df of a term is the count of
+    documents alice may read that hold it, and every "df N" a hit's why states too; returns
+    how many dfs were checked."""
+    import re
+    checked = 0
+
+    def walk(x, key=None):
+        nonlocal checked
+        if isinstance(x, dict):
+            if isinstance(x.get("analyzed"), str):  # a term_stats form: its term is named inside
+                key = x["analyzed"]
+            for k, v in x.items():
+                if k == "idf":
+                    assert v is None, f"an idf reached a restricted caller: {key} -> {v}"
+                elif k == "df" and isinstance(v, int) and key is not None and " " not in key:
+                    assert v == df.get(key, 0), (key, v, df.get(key, 0))
+                    checked += 1
+                elif k == "df" and isinstance(v, dict):  # SIRA's proposals: {term: df}
+                    for t, d in v.items():
+                        assert d == df.get(t, 0) if " " not in t else d <= n_visible, (t, d)
+                        checked += 1
+                elif k == "why" and isinstance(v, str):
+                    for t, d in re.findall(r"(\S+) \(tf \d+, df (\d+)\)", v):
+                        assert int(d) == df.get(t, 0), (t, d, v)
+                        checked += 1
+                walk(v, k)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, key)
+
+    walk(body)
+    return checked
+
+
+def test_explanations_traces_and_term_stats_show_a_restricted_caller_no_idf(dense_acl, tmp_path):
+    """Over HTTP and MCP, in every mode: no idf anywhere in an answer to alice (a token whose
+    principal an ACL restricts), and every df counts only what she may read (the documented
+    policy, docs/filters-and-access.md "The statistics side channel"); the administrator
+    still gets idf (the explanations carried the global idf to everyone)."""
+    from funnel.serving.principals import TokenFile
+    df, n_visible, searcher = dense_acl
+    path = tmp_path / "tokens.json"
+    write_tokens(path, alice=["eng"])
+    tokens = TokenFile(str(path))
+    alice = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+    query = "river stone harbor ledger zephyrine"
+    checked = 0
+    with live_server(create_app(searcher, token="admin-r2", tokens=tokens)) as port, \
+            live_server(mcp_app(searcher, tokens=tokens)) as mcp_port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+        for mode, options in MODES_7:
+            r = http.post("/search", json={"query": query, "mode": mode, "k": 10, "options": options}, headers=alice)
+            assert r.status_code == 200 and r.json()["hits"], r.text
+            checked += check_statistics(r.json(), df, n_visible)
+            res = mcp_call(mcp_port, ALICE_TOKEN, "search", {"query": query, "mode": mode, "k": 10,
+                                                              **({"options": options} if options else {})})
+            assert not res.is_error, res.content[0].text
+            checked += check_statistics(res.structured_content, df, n_visible)
+            assert "idf" not in res.content[0].text
+        r = http.post("/term_stats", json={"terms": ["river", "zephyrine", "vexillar"]}, headers=alice)
+        checked += check_statistics(r.json()["stats"], df, n_visible)
+        assert r.json()["n_docs"] == n_visible
+        res = mcp_call(mcp_port, ALICE_TOKEN, "term_stats", {"terms": ["river", "vexillar"]})
+        checked += check_statistics(res.structured_content, df, n_visible)
+        assert "idf" not in res.content[0].text
+        admin = http.post("/search", json={"query": "river", "k": 1},
+                          headers={"Authorization": "Bearer admin-r2"}).json()
+        assert admin["hits"][0]["explain"]["terms"]["river"]["idf"] > 0
+    assert checked > 50  # the answers did carry statistics to check
