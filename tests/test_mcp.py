@@ -61,7 +61,7 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
 
     tools, res = with_stdio_session(demo_index_1, calls)
     by_name = {t.name: t for t in tools.tools}
-    assert set(by_name) == {"search", "get_document", "get_documents", "term_stats", "status"}
+    assert set(by_name) == {"search", "get_document", "get_documents", "list_documents", "term_stats", "status"}
     schema = by_name["search"].input_schema
     assert schema["required"] == ["query"]
     assert schema["properties"]["k"]["maximum"] == 1000 and schema["properties"]["mode"]["default"] == "bm25"

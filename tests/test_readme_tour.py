@@ -414,7 +414,8 @@ def exercise_mcp_http(server: Server, port: int, env: dict[str, str]) -> None:
                 await s.initialize()
                 return {t.name for t in (await s.list_tools()).tools}
 
-    assert anyio.run(session) == {"search", "get_document", "get_documents", "term_stats", "status"}
+    assert anyio.run(session) == {"search", "get_document", "get_documents", "list_documents", "term_stats",
+                                  "status"}
 
 
 def exercise_mcp_stdio(cmd: str, env: dict[str, str], cwd: Path) -> None:
