@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import ShardFault
+
 LENGTH_NORMS = ("lucene-byte4", "exact")
 
 
@@ -142,10 +144,17 @@ class ShardScorer:
     Per-term bounds for pruning (largest tf, shortest document length) are read from
     ``term_max_tf.npy`` / ``term_min_dl.npy`` when the build wrote them, else computed on
     first use (indexes from before they existed).
+
+    The arrays are memory-mapped: their bytes may change while the version is served (see
+    ``kernels``, "Damaged files"). What indexes a table by a value read from them is checked
+    first: here each term's postings range, document ids and tfs before NumPy uses them; the
+    length codes (``norms``, ``exact_codes``) and minimum-length codes are private copies
+    checked when made. An impossible value raises ``errors.ShardFault`` naming the file
+    (``rel``: the shard's folder in the version, ``lexical/shard-NNNN``).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], avgdl: float, stored_blocks: tuple | None = None,
-                 stored_impacts: tuple | None = None):
+                 stored_impacts: tuple | None = None, rel: str = "lexical/shard-0000"):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
         self.indptr = np.asarray(arrays["indptr"])
         self.docs = np.asarray(arrays["docs"])
@@ -162,41 +171,104 @@ class ShardScorer:
         # (key, float32 impact per posting) the build stored (load_impacts), used by
         # BM25Retriever._impacts32 when the key matches; None: the exhaustive kernels use the grid.
         self.stored_impacts = stored_impacts
+        self.rel = rel
+        # The longest document when opened: exact-length tables are sized by it, and a length
+        # read later above it is damage, not a table of billions of entries.
+        self.max_len = int(self.doclen.max(initial=0))
         self._norms = None
         self._min_norm = None
+        self._exact = None
+        self._exact_min = None
         self._lucene_dl = None
         self.use_kernel = True
 
+    def fault(self, name: str, reason: str) -> ShardFault:
+        """The error for an impossible value in this shard's file ``name`` (``docs.npy``)."""
+        return ShardFault(f"{self.rel}/{name}", reason)
+
+    def _lengths_copy(self, a, name: str, hi: int | None = None) -> np.ndarray:
+        """A private int32 copy of lengths ``a`` (from ``name``), each in [0, hi] (hi None: no
+        upper bound): what indexes a length table, checked once, immune to later writes."""
+        c = np.array(a, dtype=np.int32)
+        if len(c) and (int(c.min()) < 0 or (hi is not None and int(c.max()) > hi)):
+            i = int(np.flatnonzero((c < 0) | (c > (hi if hi is not None else np.iinfo(np.int32).max)))[0])
+            raise self.fault(name, f"holds length {int(c[i])} at position {i}, outside [0, "
+                                   f"{hi if hi is not None else 'inf'}]")
+        return c
+
     @property
     def norms(self) -> np.ndarray:
-        """Lucene norm byte of every document (uint8)."""
+        """Lucene norm byte of every document (uint8; made from a checked copy of the lengths)."""
         if self._norms is None:
-            self._norms = norm_bytes(self.doclen)
+            self._norms = norm_bytes(self._lengths_copy(self.doclen, "doclen.npy"))
         return self._norms
+
+    def exact_codes(self) -> np.ndarray:
+        """Each document's exact length (int32), the length code of ``length_norm="exact"``:
+        a private copy, checked once (each within [0, ``max_len``]), so the exact tables sized
+        by its largest value stay large enough whatever ``doclen.npy`` holds later."""
+        if self._exact is None:
+            self._exact = self._lengths_copy(self.doclen, "doclen.npy", self.max_len)
+        return self._exact
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(largest tf, shortest document length) of each local term's postings."""
         if self._max_tf is None or self._min_dl is None:
             from funnel.pipelines.postings import term_bounds
-            self._max_tf, self._min_dl = term_bounds(self.indptr, self.docs, self.tfs, self.doclen)
+            try:
+                self._max_tf, self._min_dl = term_bounds(self.indptr, self.docs, self.tfs, self.doclen)
+            except (IndexError, ValueError) as e:  # the postings do not index the lengths
+                raise self.fault("docs.npy", f"does not index the shard's documents ({e})") from None
         return np.asarray(self._max_tf), np.asarray(self._min_dl)
 
     def min_norms(self) -> np.ndarray:
         """Norm byte of each term's shortest document (the bound's length code, Lucene norms)."""
         if self._min_norm is None:
-            self._min_norm = norm_bytes(self.bounds()[1])
+            self._min_norm = norm_bytes(self._lengths_copy(self.bounds()[1], "term_min_dl.npy"))
         return self._min_norm
+
+    def exact_min_codes(self) -> np.ndarray:
+        """Each term's shortest document length, the bound's code for exact lengths: a private
+        copy, checked within [0, the longest document] (the exact table's size)."""
+        if self._exact_min is None:
+            self._exact_min = self._lengths_copy(self.bounds()[1], "term_min_dl.npy",
+                                                 int(self.exact_codes().max(initial=0)))
+        return self._exact_min
 
     def codes(self, params: BM25Params) -> np.ndarray:
         """Each document's length code: its norm byte, or its exact length."""
-        return self.doclen if params.length_norm == "exact" else self.norms
+        return self.exact_codes() if params.length_norm == "exact" else self.norms
 
     def lengths(self, params: BM25Params) -> np.ndarray:
         if params.length_norm == "exact":
-            return self.doclen.astype(np.float64)
+            return self.exact_codes().astype(np.float64)
         if self._lucene_dl is None:
             self._lucene_dl = _BYTE4_TABLE[self.norms]
         return self._lucene_dl
+
+    def _range(self, li: int) -> tuple[int, int]:
+        """Local term ``li``'s postings [s, e), checked inside ``docs``."""
+        s, e = int(self.indptr[li]), int(self.indptr[li + 1])
+        if not 0 <= s <= e <= len(self.docs):
+            raise self.fault("indptr.npy", f"gives term {li} the postings {s} to {e}, outside [0, {len(self.docs)}]")
+        return s, e
+
+    def postings(self, li: int) -> tuple[np.ndarray, np.ndarray]:
+        """(document ids, tfs) of local term ``li``, checked: its range inside the postings,
+        ids within the shard, tfs at least 1 (else ``ShardFault``). Views of the maps: NumPy
+        checks its own indexing, so a write between this check and the use can make a wrong
+        score or an IndexError, never a read outside an array."""
+        s, e = self._range(li)
+        d = self.docs[s:e]
+        tf = self.tfs[s:e]
+        if len(d) and (int(d.min()) < 0 or int(d.max()) >= self.n_docs):
+            bad = int(d.min()) if int(d.min()) < 0 else int(d.max())
+            raise self.fault("docs.npy", f"holds document id {bad} at position {s + int(np.flatnonzero(d == bad)[0])}, "
+                                         f"outside [0, {self.n_docs})")
+        if len(tf) and int(tf.min()) < 1:
+            raise self.fault("tfs.npy", f"holds term frequency {int(tf.min())} at position "
+                                        f"{s + int(np.argmin(tf))}, below 1")
+        return d, tf
 
     def local_terms(self, gids: np.ndarray) -> np.ndarray:
         """Local term index of each global id, -1 where the shard lacks the term."""
@@ -209,13 +281,13 @@ class ShardScorer:
     def _term_parts(self, gids, weights, params):
         local = self.local_terms(gids)
         code = self.codes(params)
-        table = denominator_table(params, self.avgdl, int(self.doclen.max(initial=0)))
+        table = denominator_table(params, self.avgdl, int(self.exact_codes().max(initial=0))
+                                  if params.length_norm == "exact" else 255)
         for li, w in zip(local.tolist(), weights.tolist()):
             if li < 0:
                 continue
-            s, e = self.indptr[li], self.indptr[li + 1]
-            d = self.docs[s:e]
-            yield d, term_impacts(self.tfs[s:e], table[code[d]]) * w
+            d, tf = self.postings(li)
+            yield d, term_impacts(tf, table[code[d]]) * w
 
     def score(self, gids: np.ndarray, weights: np.ndarray, params: BM25Params) -> np.ndarray | None:
         """Dense score vector over the shard's documents (None when no term occurs here).
@@ -253,7 +325,7 @@ class ShardScorer:
         for i, li in enumerate(self.local_terms(gids)):
             if li < 0:
                 continue
-            s, e = self.indptr[li], self.indptr[li + 1]
+            s, e = self._range(li)
             d = self.docs[s:e]
             j = np.searchsorted(d, local_id)
             if j < len(d) and d[j] == local_id:

@@ -26,13 +26,14 @@ from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
 from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_ids
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
-                                        is_version_name, list_versions, read_current, verify_version,
-                                        version_parts)
+                                        is_version_name, list_versions, read_current, read_stamps, verify_version,
+                                        version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
 from .bm25 import ShardScorer, idf_lucene
+from .errors import IndexDamaged
 from .result import split_docno
 from .structure import check_doc_ids, check_shard
 
@@ -67,6 +68,16 @@ def resolve_version_dir(root: str, version: str | None = None) -> str:
     if not os.path.isdir(vdir):
         raise IndexFormatError(f"{root!r}: {named_by} {version!r}, which does not exist")
     return vdir
+
+
+def forget_verification(version_dir: str, rel: str) -> None:
+    """Drop this host's record that ``rel`` of ``version_dir`` was hashed and matched, so the
+    next cached open here hashes it again (and refuses the version while it is damaged),
+    a restart included."""
+    stamps = read_stamps(version_dir)
+    if rel in stamps:
+        del stamps[rel]
+        write_stamps(version_dir, stamps)
 
 
 def _damaged(path: str, e: BaseException) -> IndexFormatError:
@@ -358,7 +369,19 @@ class IndexVersion:
     checks the invariants the compiled kernels index by (``serving.structure``: ids
     within their arrays, offsets in order), so no file's content makes a kernel read
     outside an array; a violation is an IndexFormatError naming the file.
+
+    Bytes that change after the open are read as they are (the arrays are memory-mapped):
+    the kernels check every value they index with as they read it, and a query that meets
+    an impossible one calls :meth:`damaged`, which records this version as damaged (it
+    answers no more BM25 queries; ``on_damage``, set by a ``VersionFollower``, stops
+    serving it) and gives the :class:`~funnel.serving.errors.IndexDamaged` to raise.
     """
+
+    #: Called with (file relative to this version, reason) the first time a query finds a
+    #: file damaged (:meth:`damaged`); a ``VersionFollower`` sets it to its quarantine.
+    on_damage: Callable[[str, str], None] | None = None
+    #: (file, reason) of the damage a query found; None while none was found.
+    damage: tuple[str, str] | None = None
 
     def __init__(self, root: str, version: str | None = None, verify: str = "cached"):
         if verify not in VERIFY_MODES:
@@ -372,6 +395,7 @@ class IndexVersion:
             self.manifest = verify_version(self.dir, verify)
         # Released by close(), or when this object goes (a follower's switch drops it).
         self._release = weakref.finalize(self, self._lease.release) if self._lease is not None else None
+        self._damage_lock = threading.Lock()
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
         try:
@@ -407,6 +431,7 @@ class IndexVersion:
         self.n_shards = int(coll["n_shards"])
         terms, df, cf = read_vocabulary(self.dir, int(coll["n_terms"]) if "n_terms" in coll else None)
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(terms)}
+        self._n_terms = len(terms)
         self.df = df
         self.cf = cf
         self.idf = idf_lucene(df, self.n_docs_nonempty)
@@ -418,10 +443,52 @@ class IndexVersion:
         self.shards = []
         for s in range(self.n_shards):  # each checked before a kernel may read it (serving.structure)
             rel = f"lexical/{shard_name(s)}"
-            d = os.path.join(self.dir, rel)
-            arrays, blocks, impacts = load_shard(d), load_block_maxima(d), load_impacts(d)
-            check_shard(self.dir, rel, arrays, self.docs.shard_size(s), len(terms), blocks, impacts)
-            self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts))
+            arrays, blocks, impacts = self._check_shard(s)
+            self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel))
+
+    def _check_shard(self, s: int) -> tuple:
+        """Shard ``s``'s arrays (``load_shard``, block maxima, impacts), mapped now, after the
+        structure checks (``serving.structure.check_shard``; IndexFormatError)."""
+        rel = f"lexical/{shard_name(s)}"
+        d = os.path.join(self.dir, rel)
+        arrays, blocks, impacts = load_shard(d), load_block_maxima(d), load_impacts(d)
+        check_shard(self.dir, rel, arrays, self.docs.shard_size(s), self._n_terms, blocks, impacts)
+        return arrays, blocks, impacts
+
+    def damaged(self, file: str, reason: str, shard: int | None = None) -> IndexDamaged:
+        """Record that a query found ``file`` (relative to this version) holding an impossible
+        value, for ``reason``; returns the :class:`IndexDamaged` to raise.
+
+        With ``shard``, the open's structure checks run again on that shard first, and the
+        first broken invariant they name (file, value, position) is what is recorded. The
+        first time: logged (ERROR), this host's verification record of the file dropped
+        (``forget_verification``: the next cached open hashes it, and refuses the version),
+        and ``on_damage`` called (a ``VersionFollower`` stops serving the version, as the
+        background scrub's finding does). Later calls return the first finding's error.
+        """
+        if shard is not None and self.damage is None:
+            try:
+                self._check_shard(shard)
+            except IndexFormatError as e:
+                file, reason = getattr(e, "file", file), getattr(e, "reason", reason)
+            except (OSError, ValueError) as e:  # the file no longer opens at all
+                reason = f"{reason} (and it cannot be read again: {type(e).__name__}: {e})"
+        first = False
+        with self._damage_lock:
+            if self.damage is None:
+                self.damage, first = (file, reason), True
+        file, reason = self.damage
+        path = os.path.join(self.dir, file)
+        if first:
+            log.error("%s %s: found while answering a query; version %s is damaged and answers no more "
+                      "BM25 queries", path, reason, self.version)
+            forget_verification(self.dir, file)
+            if self.on_damage is not None:
+                self.on_damage(file, reason)
+        return IndexDamaged(
+            f"{path} {reason}: index version {self.version} is damaged (its bytes changed while it was served; "
+            "found while answering a query) and is no longer served. Run `funnel verify INDEX_ROOT` to find "
+            "every damaged file; restore the file or rebuild the index (funnel build ...)", file=path)
 
 
 def _lease(version_dir: str) -> ReaderLease | None:
@@ -472,7 +539,9 @@ class VersionFollower(Generic[T]):
     seconds (so a broken version is not re-hashed on every request).
 
     ``quarantine(version_dir, file, reason)`` (the background scrub, ``serving.scrub``,
-    found a file that no longer matches its checksum) stops serving that version at once:
+    found a file that no longer matches its checksum, or a query found one holding an
+    impossible value: ``IndexVersion.damaged``, which each opened version reports to its
+    follower through ``on_damage``) stops serving that version at once:
     ``current`` raises IndexFormatError (HTTP 503) and ``status()`` says "unavailable"
     until the newest older version of the root that passes a full verification is
     opened, which is then served ("degraded"). A pinned follower, or a remote root, has
@@ -491,6 +560,7 @@ class VersionFollower(Generic[T]):
         # Pinned: an explicit version, or a version folder given as the root.
         self._pinned = version is not None or os.path.normpath(self._dir) == os.path.normpath(root)
         self._current: T | None = open_version(version if version is not None else os.path.basename(self._dir))
+        self._watch(self._dir, self._current)
         self._failed: tuple[tuple, float] | None = None
         self._status = self._ok_status()
         # version dir -> {"version", "file", "reason", "since"} and the file's key when found
@@ -565,6 +635,20 @@ class VersionFollower(Generic[T]):
         if close is not None:
             close()
 
+    def _watch(self, version_dir: str, opened) -> None:
+        """Have the IndexVersion behind ``opened`` (itself, or its ``index``) report damage a
+        query finds (``IndexVersion.damaged``) to :meth:`quarantine`, as the scrub does."""
+        ix = opened if isinstance(opened, IndexVersion) else getattr(opened, "index", None)
+        if isinstance(ix, IndexVersion):
+            me = weakref.ref(self)
+            vdir = os.path.normpath(version_dir)
+
+            def report(file: str, reason: str) -> None:
+                follower = me()
+                if follower is not None:
+                    follower.quarantine(vdir, file, f"{file} {reason} (found by a query)")
+            ix.on_damage = report
+
     def _still_damaged(self, version_dir: str) -> bool:
         """Whether ``version_dir`` was quarantined and its damaged file has not changed since
         (a changed one, say restored from a backup, is verified again by the next open)."""
@@ -627,6 +711,7 @@ class VersionFollower(Generic[T]):
             try:
                 opened = self._open(name)  # leased from here on: gc leaves it alone
                 verify_version(vdir, "full")
+                self._watch(vdir, opened)
                 return vdir, opened
             except (IndexFormatError, OSError) as e:
                 log.error("cannot fall back to %s: %s", name, e)
@@ -663,6 +748,7 @@ class VersionFollower(Generic[T]):
                 self._failed = (key, self._clock())
                 self._degrade(str(e))
                 return False
+            self._watch(target, opened)
             old = self.version
             self.current, self._dir, self._failed = opened, target, None
             self._status = self._ok_status()

@@ -54,6 +54,25 @@ indexes with unsigned integers, so numba emits no negative-index wraparound per 
 ``search_batch`` runs many queries (flat term-id arrays, CSR) through ``search_shards`` in
 one call.
 
+Damaged files. The postings are memory-mapped, so a file whose bytes change while a version
+is served (a flipped bit on disk, a bad copy over it) changes what the next query reads;
+the structure checks of the open (``serving.structure``) cannot see that. So every value
+a kernel reads from a file and then uses to address memory is compared before the access:
+a term's postings range (``indptr``) against the postings, its blocks (``block_start``)
+against the block arrays and its postings, each document id against the shard's documents
+(``acc``'s length), and where a posting may start a new entry of a touched list, its tf
+(at least 1) or stored impact (above 0), since a zero impact would list a document twice
+and run the list past its end. One unsigned compare per posting, hoisted per term where it
+can be. A kernel that meets an impossible value stops and returns a fault code
+(``shard << 8 | FAULT_*``; 0 when sound) instead of raising inside numba; the caller
+(``lexical.BM25Retriever``) turns it into ``errors.IndexDamaged`` naming the file. Length
+codes and per-term minimum lengths are private in-memory copies checked when made
+(``bm25.ShardScorer``), so they need no compare. The touched lists assume positive weights;
+a query with a non-positive one is read back by a scan of the accumulator instead
+(``search_shards_plain``). ``BOUNDS_CHECK`` False compiles every compare out: only the
+benchmark's baseline copy of this module (``bench/bench_workloads.py --bounds-check-cost``)
+does that.
+
 Tests run this against the NumPy reference (and pruned against exhaustive) and require
 identical rankings; ``FUNNEL_NUMBA=0`` turns the kernels off.
 """
@@ -78,6 +97,36 @@ try:  # numba is an accelerator, never a requirement
 except ImportError as e:  # pragma: no cover - exercised where numba is absent
     log.info("numba unavailable (%s): using the NumPy BM25 path", e)
     HAVE_NUMBA = False
+
+#: Whether the kernels check the values they index with (module docstring, "Damaged files").
+#: A copy of this module loaded with ``_UNCHECKED`` set in its namespace compiles without
+#: them, and is not cached on disk (its functions would share the checked ones' cache files):
+#: the baseline of ``bench/bench_workloads.py --bounds-check-cost``. Never for serving.
+BOUNDS_CHECK = not globals().get("_UNCHECKED", False)
+_CACHE = BOUNDS_CHECK
+
+# What a kernel found impossible (the low byte of a fault code; ``FAULT_FILES`` names the
+# shard's file that holds it). A fault code is ``shard << 8 | FAULT_*``, 0 when sound;
+# ``FAULT_NO_SHARD`` in the shard part: the shard is not known (an id from the forward index).
+FAULT_INDPTR, FAULT_DOCS, FAULT_TFS, FAULT_IMPACTS, FAULT_BLOCKS, FAULT_TERMS = 1, 2, 3, 4, 5, 6
+FAULT_NO_SHARD = (1 << 24) - 1
+FAULT_FILES = {FAULT_INDPTR: "indptr.npy", FAULT_DOCS: "docs.npy", FAULT_TFS: "tfs.npy",
+               FAULT_IMPACTS: "impacts.npy", FAULT_BLOCKS: "block_start.npy", FAULT_TERMS: "term_gid.npy"}
+FAULT_REASONS = {
+    FAULT_INDPTR: "gives a term's postings a range outside docs.npy (or a decreasing one)",
+    FAULT_DOCS: "holds a document id outside the shard's documents",
+    FAULT_TFS: "holds a term frequency below 1",
+    FAULT_IMPACTS: "holds an impact that is not above 0",
+    FAULT_BLOCKS: "gives a term's blocks a range outside block_max.npy, or not one block per BLOCK of its postings",
+    FAULT_TERMS: "holds a global term id outside the vocabulary",
+}
+
+
+def fault_parts(fault: int) -> tuple[int | None, str, str]:
+    """(shard or None, file in the shard's folder, what is wrong) of a kernel's fault code."""
+    shard, what = int(fault) >> 8, int(fault) & 0xFF
+    return (None if shard == FAULT_NO_SHARD else shard), FAULT_FILES[what], FAULT_REASONS[what]
+
 
 # The arrays of one shard that ``search_shards`` reads, in the order of its ``meta`` table.
 FIELDS = ("indptr", "docs", "tfs", "term_gid", "max_tf", "code", "min_code")
@@ -173,7 +222,7 @@ NO_IMPACTS = np.zeros((0, 2), dtype=np.int64)
 
 
 if HAVE_NUMBA:
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _find(term_gid, g):
         lo, hi = 0, term_gid.shape[0]
         while lo < hi:
@@ -186,7 +235,7 @@ if HAVE_NUMBA:
             return lo
         return -1
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _kth_vals(vals, m, k, floor=0.0):
         """max(floor, k-th largest of vals[:m]) (m >= k), through a size-k min-heap of the
         values above ``floor``: one pass, and most values cost one compare. The callers pass
@@ -225,7 +274,7 @@ if HAVE_NUMBA:
                 heap[i] = v
         return heap[0] if n == k else floor
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _gallop(docs, p, end, target):
         """First position in [p, end) with docs[pos] >= target (end when none)."""
         if p >= end or docs[p] >= target:
@@ -254,14 +303,14 @@ if HAVE_NUMBA:
             return context.get_dummy_value()
         return types.void(arr, idx), codegen
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _prefetch_block(docs, tfs, q0, block):
         """Prefetch the ``block`` docs and tfs from q0 on (int32: 16 to a 64-byte line)."""
         for x in range(0, block, 16):
             _prefetch(docs, q0 + x)
             _prefetch(tfs, q0 + x)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _bisect(docs, lo, hi, target):
         """First position in [lo, hi) with docs[pos] >= target (hi when none)."""
         while lo < hi:
@@ -272,7 +321,34 @@ if HAVE_NUMBA:
                 hi = mid
         return lo
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
+    def _range_ok(a, b, n):
+        """0 <= a <= b <= n: a term's postings ``indptr[t]``, ``indptr[t + 1]`` inside an
+        array of n (always True without ``BOUNDS_CHECK``). Read each bound once into a local,
+        check it, then use the local: the file may change between two reads."""
+        return not BOUNDS_CHECK or (0 <= a and a <= b and b <= n)
+
+    @njit(cache=_CACHE, nogil=True, inline="always")
+    def _blocks_ok(b0, b1, nblocks, a0, e0, block):
+        """A term's blocks [b0, b1) inside the ``nblocks`` of the block arrays and exactly one
+        per ``block`` of its postings [a0, e0) (checked already): the kernels read a block's
+        postings at ``a0 + block · j``."""
+        return not BOUNDS_CHECK or (0 <= b0 and b0 <= b1 and b1 <= nblocks
+                                    and b1 - b0 == (e0 - a0 + block - 1) // block)
+
+    @njit(cache=_CACHE, nogil=True, inline="always")
+    def _bad_posting(d, und, t):
+        """Whether a posting's document id ``d`` (unsigned: a negative one is huge) is not
+        below ``und`` (the shard's documents) or its tf ``t`` (``np.uint64`` of the int32)
+        is below 1: one compare each, no branch between them."""
+        return BOUNDS_CHECK and ((d >= und) | (t - np.uint64(1) >= np.uint64(0x7FFFFFFF)))
+
+    @njit(cache=_CACHE, nogil=True, inline="always")
+    def _posting_fault(d, und):
+        """The fault code of a posting :func:`_bad_posting` refused."""
+        return FAULT_DOCS if d >= und else FAULT_TFS
+
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _impact(tf, c, table, itab, cap):
         """``tf / (tf + table[c])``, from the precomputed grid ``itab[tf, c]`` when tf < cap
         (the same float64 expression, so the same bits)."""
@@ -281,7 +357,7 @@ if HAVE_NUMBA:
         x = np.float64(tf)
         return x / (x + table[c])
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _impact_u(tf, c, table, itab, ucap, nt):
         """:func:`_impact` on unsigned indices (``tf``, ``c``, ``ucap``, ``nt = len(table)``:
         ``np.uint64``), for the accumulation loops: numba then emits no negative-index
@@ -291,12 +367,12 @@ if HAVE_NUMBA:
         x = np.float64(tf)
         return x / (x + table[c])
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _new_heap(k):
         """An empty top-k heap: (scores, id ranks, docnos), for ``_heap_push``."""
         return np.empty(k), np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n):
         """Query ``q``'s ranked docnos as global positions (``doc_off[shard] + local``) and
         scores into row ``q`` of the batch outputs, and their count."""
@@ -305,7 +381,7 @@ if HAVE_NUMBA:
             out_score[q, j] = sc[j]
         out_n[q] = dn.shape[0]
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _heap_push(hv, hr, hd, n, v, r, d):
         """Offer (score v, id rank r, docno d) to the top-k heap of ``n`` entries (k = its size);
         returns the new count. The root is the worst kept entry: lowest score, then highest
@@ -331,7 +407,7 @@ if HAVE_NUMBA:
         _sift_down(hv, hr, hd, 0, k, v, r, d)
         return n
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _sift_down(hv, hr, hd, i, n, v, r, d):
         """Place (v, r, d) at slot ``i`` of a heap of ``n`` entries, moving worse children up."""
         while True:
@@ -351,7 +427,7 @@ if HAVE_NUMBA:
         hr[i] = r
         hd[i] = d
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _push_scores(acc, ids, m, rank, base, hv, hr, hd, n, zero):
         """Offer every positive ``acc[ids[j]]`` (j < m) to the heap as docno ``base | id``
         and return the count; with ``zero``, reset each score read (a document listed twice,
@@ -367,7 +443,7 @@ if HAVE_NUMBA:
                 n = _heap_push(hv, hr, hd, n, v, rank[d], base | np.int64(d))
         return n
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _heap_sorted(hv, hr, hd, n):
         """(docnos, scores) of the heap's ``n`` entries, best first; empties the heap."""
         out_d = np.empty(n, dtype=np.int64)
@@ -379,7 +455,7 @@ if HAVE_NUMBA:
                 _sift_down(hv, hr, hd, 0, j, hv[j], hr[j], hd[j])
         return out_d, out_v
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _new_top(k):
         """An empty top-k collector for ``_offer_scores``: (scores, id ranks, docnos, bar
         score, bar rank). For k <= HEAP_K it is a size-k heap (``_heap_push``), which is
@@ -389,7 +465,7 @@ if HAVE_NUMBA:
         c = k if k <= HEAP_K else 4 * k + 16
         return np.empty(c), np.empty(c, dtype=np.int64), np.empty(c, dtype=np.int64), 5e-324, np.int64(2**62)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _compact_top(bv, br, bd, n, k):
         """Move the best ``k`` of the buffer's ``n`` entries (score descending, rank ascending;
         ranks are distinct, so no two keys tie) to its first k slots, in no order, by
@@ -431,7 +507,7 @@ if HAVE_NUMBA:
                 break
         return bv[t], br[t]
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _offer_scores(acc, ids, m, rank, base, bv, br, bd, n, tv, tr, k, zero):
         """``_push_scores`` into a collector from ``_new_top``: offer every positive
         ``acc[ids[j]]`` (j < m) as docno ``base | id``; returns (n, tv, tr). In buffer mode an
@@ -461,7 +537,7 @@ if HAVE_NUMBA:
                     n = k
         return n, tv, tr
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _top_sorted(bv, br, bd, n, k):
         """(docnos, scores) of the collector's best ``min(n, k)`` entries, best first."""
         if bv.shape[0] == k:  # heap mode
@@ -489,7 +565,7 @@ if HAVE_NUMBA:
             out_d[i] = d
         return out_d, out_v
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _keep_reachable(acc, ids, m, r, theta, out):
         """Write the documents of ids[:m] whose score plus ``r`` (the bounds of the terms left)
         can still reach ``theta`` to ``out``, in order (``out`` may be ``ids``); returns how many."""
@@ -501,13 +577,13 @@ if HAVE_NUMBA:
                 n += 1
         return n
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _reachable(acc, ids, m, r, theta):
         """:func:`_keep_reachable` into a new array of ids' dtype."""
         out = np.empty(m, dtype=ids.dtype)
         return out[:_keep_reachable(acc, ids, m, r, theta, out)]
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _prune_candidates(acc, cand, c, k, r, theta):
         """After a term: raise ``theta`` to the k-th partial score of the candidates (partial
         scores are lower bounds) and keep, in place, those that can still reach it with ``r``
@@ -522,7 +598,7 @@ if HAVE_NUMBA:
                 n += 1
         return n, theta
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _gather(acc, ids, m):
         """acc[ids[:m]] as a new dense array."""
         vals = np.empty(m)
@@ -530,7 +606,7 @@ if HAVE_NUMBA:
             vals[j] = acc[ids[j]]
         return vals
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _reachable_runs(acc, vals, nv, ids, m, runs, nruns, r, theta):
         """The documents of ids[:m] whose score plus ``r`` can still reach ``theta``, in
         order, and where each run of ``runs`` starts among them. Scores are read from
@@ -549,7 +625,7 @@ if HAVE_NUMBA:
         bounds[nruns] = n
         return out, bounds, n
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _merge2(a, i, a_end, b, j, b_end, out, z):
         """Merge sorted a[i:a_end] and b[j:b_end] (no value in both) into out from z on. Not
         inlined: inlined as a while loop, the block-max kernel took ~2% longer at 1M (paired
@@ -562,7 +638,7 @@ if HAVE_NUMBA:
                 out[z] = b[j]
                 j += 1
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _merge_runs(a, bounds, nruns, n):
         """``a[:n]`` sorted, given that each ``a[bounds[x]:bounds[x + 1]]`` is: pairwise merges."""
         if nruns <= 1:
@@ -589,15 +665,21 @@ if HAVE_NUMBA:
             a, b = b, a
         return a[:n]
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _score_shard(indptr, docs, tfs, code, max_tf, min_code, table, itab, cap, local, weights,
                      acc, touched, rank, base, hv, hr, hd, nh, theta, prune_min, stats):
         """Offers the shard's candidates to the top-k heap (``_heap_push``; ``nh`` entries, the
         new count returned): every positive-scoring document it touched, or where pruning
         switched to candidates, those that could still reach ``theta``. ``base``: the shard's
-        docno prefix; ``rank``: its documents' id ranks. Leaves ``acc`` zeroed."""
+        docno prefix; ``rank``: its documents' id ranks. Leaves ``acc`` zeroed. Every weight
+        positive (the touched list relies on it). A damaged posting: ``-FAULT_*`` returned,
+        ``acc`` left as it is (the caller zeroes it)."""
         k = hv.shape[0]
         T = local.shape[0]
+        npost = docs.shape[0]
+        und = np.uint64(acc.shape[0])
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
         rest = np.zeros(T + 1)  # rest[i]: sum of the bounds of terms i.. (inflated)
         remaining = np.zeros(T + 1, dtype=np.int64)  # postings of terms i..
         for i in range(T - 1, -1, -1):
@@ -618,15 +700,23 @@ if HAVE_NUMBA:
         if not prune:  # exhaustive: the plain loop (no running maximum), then one selection pass
             um = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, 0,
                              np.empty(0))
+            if um < 0:
+                return um
             return _push_scores(acc, touched, um, rank, base, hv, hr, hd, nh, True)
         for i in range(T):
             li = local[i]
             if li < 0:
                 continue
             w = weights[i]
-            for p in range(indptr[li], indptr[li + 1]):
-                d = docs[p]
-                v = w * _impact(tfs[p], code[d], table, itab, cap)
+            a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR
+            for p in range(np.uint64(a0), np.uint64(e0)):
+                d = np.uint64(docs[p])
+                t = np.uint64(tfs[p])
+                if _bad_posting(d, und, t):
+                    return -_posting_fault(d, und)
+                v = w * _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
                 a = acc[d]
                 touched[m] = d  # branch-free: kept only when d was not seen before
                 m += a == 0.0
@@ -655,13 +745,15 @@ if HAVE_NUMBA:
                     w = weights[i]
                     p = indptr[li]
                     end = indptr[li + 1]
+                    if not _range_ok(p, end, npost):
+                        return -FAULT_INDPTR
                     for j in range(c):
                         d = cand[j]
                         p = _gallop(docs, p, end, d)
                         if p >= end:
                             break
                         if docs[p] == d:
-                            acc[d] += w * _impact(tfs[p], code[d], table, itab, cap)
+                            acc[d] += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                 # Drop candidates that can no longer reach theta; raise theta when k remain.
                 c, theta = _prune_candidates(acc, cand, c, k, rest[i + 1], theta)
             ids = cand[:c]
@@ -674,7 +766,6 @@ if HAVE_NUMBA:
             acc[touched[j]] = 0.0
         return nh
 
-    @njit(cache=True, nogil=True)
     def block_maxima(indptr, docs, tfs, code, table, itab, block):
         """Per term of one shard, the largest impact ``tf / (tf + table[code])`` in each run of
         ``block`` postings: (``bstart`` [V + 1]: term t's blocks are ``bmax[bstart[t]:bstart[t + 1]]``;
@@ -684,27 +775,54 @@ if HAVE_NUMBA:
         candidate lookups search instead of the postings). Exact for this (k1, b): a block's
         bound is the impact of one of its postings. (Bounding by the block's largest tf and
         shortest document instead bounds nothing on a common term: every block has some long
-        tf.)"""
+        tf.)
+
+        Raises ``errors.ShardFault`` (naming the shard's file) where ``indptr`` runs outside
+        the postings or backwards, or a document id lies outside ``code``."""
+        fault, bstart, bmax, tmax, tkth, blast = _block_maxima(indptr, docs, tfs, code, table, itab, block)
+        if fault:
+            from .errors import ShardFault
+            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
+        return bstart, bmax, tmax, tkth, blast
+
+    @njit(cache=_CACHE, nogil=True)
+    def _block_maxima(indptr, docs, tfs, code, table, itab, block):
+        """:func:`block_maxima`: (fault, its arrays), fault a ``FAULT_*`` or 0. ``indptr`` is
+        read once, into a checked copy: the file may change meanwhile."""
         V = indptr.shape[0] - 1
         cap = itab.shape[0] // table.shape[0]
+        npost = docs.shape[0]
+        und = np.uint64(code.shape[0])
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
+        ptr = np.empty(V + 1, dtype=np.int64)
         bstart = np.empty(V + 1, dtype=np.int64)
         bstart[0] = 0
+        ptr[0] = indptr[0]
         for t in range(V):
-            bstart[t + 1] = bstart[t] + (indptr[t + 1] - indptr[t] + block - 1) // block
+            ptr[t + 1] = indptr[t + 1]
+            if not _range_ok(ptr[t], ptr[t + 1], npost):  # ascending, inside the postings
+                z = np.zeros(0)
+                return FAULT_INDPTR, bstart[:1], z, z, z, np.zeros(0, dtype=np.int32)
+            bstart[t + 1] = bstart[t] + (ptr[t + 1] - ptr[t] + block - 1) // block
         bmax = np.zeros(bstart[V])
         blast = np.zeros(bstart[V], dtype=np.int32)
         tmax = np.zeros(V)
         nk = KTH_BLOCKS.shape[0]
         tkth = np.zeros(V * nk)
         for t in range(V):
-            p, e = indptr[t], indptr[t + 1]
+            p, e = ptr[t], ptr[t + 1]
             b = bstart[t]
             tm = 0.0
             while p < e:
                 q = min(p + block, e)
                 m = 0.0
                 for x in range(p, q):
-                    v = _impact(tfs[x], code[docs[x]], table, itab, cap)
+                    d = np.uint64(docs[x])
+                    if BOUNDS_CHECK and d >= und:
+                        z = np.zeros(0)
+                        return FAULT_DOCS, bstart[:1], z, z, z, np.zeros(0, dtype=np.int32)
+                    v = _impact_u(np.uint64(tfs[x]), np.uint64(code[d]), table, itab, ucap, nt)
                     if v > m:
                         m = v
                 bmax[b] = m
@@ -719,26 +837,31 @@ if HAVE_NUMBA:
                 for j in range(nk):
                     if nb >= KTH_BLOCKS[j]:
                         tkth[t * nk + j] = srt[nb - KTH_BLOCKS[j]]
-        return bstart, bmax, tmax, tkth, blast
+        return 0, bstart, bmax, tmax, tkth, blast
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m):
         """Add one term's ``w · tf/(tf + denom)`` over postings [a0, e0) to ``acc``, first-seen
         documents appended to ``touched`` after the ``m`` there (branch-free); returns the new
-        count. :func:`_accumulate`'s loop for one term (:func:`_impact_u`)."""
+        count, or ``-FAULT_*`` at a damaged posting. :func:`_accumulate`'s loop for one term
+        (:func:`_impact_u`); [a0, e0) checked by the caller, ``w`` positive."""
         um = np.uint64(m)
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
+        und = np.uint64(acc.shape[0])
         for p in range(np.uint64(a0), np.uint64(e0)):
             d = np.uint64(docs[p])
-            v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
+            t = np.uint64(tfs[p])
+            if _bad_posting(d, und, t):
+                return -_posting_fault(d, und)
+            v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
             a = acc[d]
             touched[um] = d
             um += np.uint64(a == 0.0)
             acc[d] = a + w * v
         return np.int64(um)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _theta_may_pay(indptr, bstart, bmax, block, local, weights, rest, i, m):
         """Whether refreshing ``theta`` after term ``i`` (a k-th over the ``m`` documents seen:
         ``m`` random reads) can let ``_score_shard_blocks`` switch to candidates at the next
@@ -758,15 +881,17 @@ if HAVE_NUMBA:
             return False
         lj = local[j]
         w = weights[j]
-        b0 = bstart[lj]
+        b0, b1 = bstart[lj], bstart[lj + 1]
         n = indptr[lj + 1] - indptr[lj]
+        if not (0 <= b0 and b0 <= b1 and b1 <= bmax.shape[0]):  # damaged: the term's own read says so
+            return False
         skip = 0
-        for blk in range(bstart[lj + 1] - b0):
+        for blk in range(b1 - b0):
             if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 < need:
                 skip += min(block, n - blk * block)
         return skip > m
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _score_shard_blocks(indptr, docs, tfs, code, table, itab, cap, bstart, bmax, tmax, blast, block, local,
                             weights, acc, touched, rank, base, hv, hr, hd, nh, theta, eager, stats):
         """``_score_shard`` with exact block maxima (``block_maxima``): term-at-a-time in the
@@ -799,9 +924,15 @@ if HAVE_NUMBA:
         their cost, and ``theta`` is refreshed between terms only where the next term could
         then be skipped in part (``_theta_may_pay``): on a long query over common terms every
         refresh and try is a pass over all documents seen, for nothing. Returns (heap count,
-        theta)."""
+        theta); at a damaged posting or block range (``-FAULT_*``, theta), ``acc`` left as it
+        is (the caller zeroes it)."""
         k = hv.shape[0]
         T = local.shape[0]
+        npost = docs.shape[0]
+        nblocks = min(bmax.shape[0], blast.shape[0])
+        und = np.uint64(acc.shape[0])
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
         rest = np.zeros(T + 1)  # rest[i]: inflated sum of the bounds of terms i..
         remaining = np.zeros(T + 1, dtype=np.int64)
         for i in range(T - 1, -1, -1):
@@ -830,8 +961,12 @@ if HAVE_NUMBA:
                 continue
             w = weights[i]
             a0, e0 = indptr[li], indptr[li + 1]
-            b0 = bstart[li]
-            nb = bstart[li + 1] - b0
+            b0, b1 = bstart[li], bstart[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR, theta
+            if not _blocks_ok(b0, b1, nblocks, a0, e0, block):
+                return -FAULT_BLOCKS, theta
+            nb = b1 - b0
             lasts = blast[b0:b0 + nb]
             need = theta - rest[i + 1]  # a new document needs w * impact (inflated) >= need
             if not sorted_mode and theta > 0.0:
@@ -853,6 +988,8 @@ if HAVE_NUMBA:
                 nruns += 1
                 nv = 0
                 m = _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m)
+                if m < 0:
+                    return m, theta
                 if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m) and (
                         eager or _theta_may_pay(indptr, bstart, bmax, block, local, weights, rest, i, m)):
                     vals = _gather(acc, touched, m)
@@ -900,13 +1037,16 @@ if HAVE_NUMBA:
                     else:
                         p = _bisect(docs, max(p, a0 + bb * block), min(a0 + (bb + 1) * block, p0), d)
                         if p < p0 and docs[p] == d:
-                            acc[d] += w * _impact(tfs[p], code[d], table, itab, cap)
+                            acc[d] += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                     j += 1
                 if x == nr:
                     break
-                for q in range(p0, p1):
-                    d = docs[q]
-                    v = w * _impact(tfs[q], code[d], table, itab, cap)
+                for q in range(np.uint64(p0), np.uint64(p1)):
+                    d = np.uint64(docs[q])
+                    t = np.uint64(tfs[q])
+                    if _bad_posting(d, und, t):
+                        return -_posting_fault(d, und), theta
+                    v = w * _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
                     a = acc[d]
                     if a == 0.0:
                         new[nn] = d
@@ -934,7 +1074,7 @@ if HAVE_NUMBA:
             acc[touched[j]] = 0.0
         return nh, theta
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _theta_from_blocks(tkth, local, weights, k):
         """A lower bound on the k-th best final score before any posting is read: the largest
         ``weight · (k'-th largest block maximum)`` of a query term in this shard, k' the
@@ -962,23 +1102,23 @@ if HAVE_NUMBA:
             return builder.inttoptr(args[0], cgutils.voidptr_t)
         return types.voidptr(types.int64), codegen
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _view(meta, s, f, dtype):
         return carray(_voidptr(meta[s, 2 * f]), meta[s, 2 * f + 1], dtype)
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _impacts_of(imeta, s):
         """Shard s's per-posting impacts from ``imeta``, or an empty array where there are none."""
         if imeta.shape[0] == 0:
             return np.empty(0)
         return _view(imeta, s, 0, np.float64)
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _impacts32_of(imeta32, s):
         """Shard s's stored float32 impacts from ``imeta32`` (``impact_table(..., np.float32)``)."""
         return _view(imeta32, s, 0, np.float32)
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _is_dense(indptr, local, nd, dense_min):
         """Whether a shard of ``nd`` documents is read back by one scan of its accumulator
         instead of a list of touched documents: at least ``dense_min`` documents (the list
@@ -992,7 +1132,7 @@ if HAVE_NUMBA:
                 post += indptr[local[i] + 1] - indptr[local[i]]
         return post * DENSE_DIVISOR >= nd
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _total_postings(meta, gids):
         """The query's postings over every shard."""
         local = np.empty(gids.shape[0], dtype=np.int64)
@@ -1005,7 +1145,7 @@ if HAVE_NUMBA:
                         post += indptr[local[i] + 1] - indptr[local[i]]
         return post
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, imp):
         """:func:`_accumulate` without the list of touched documents (read back by a scan of
         the whole accumulator instead: ``_offer_dense``, ``_approx_offer``). Keeping that
@@ -1013,24 +1153,33 @@ if HAVE_NUMBA:
         query with about as many postings as the shard has documents pays more for it than
         for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
         bits as the grid's) or float32 (stored; approximate sums, rescored after); empty:
-        from the grid. Same order of additions as ``_accumulate``."""
+        from the grid. Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
+        at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
         stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
+        npost = docs.shape[0]
+        und = np.uint64(acc.shape[0])
         for i in range(local.shape[0]):
             li = local[i]
             if li < 0:
                 continue
             w = weights[i]
-            for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+            a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR
+            for p in range(np.uint64(a0), np.uint64(e0)):
                 d = np.uint64(docs[p])
+                if BOUNDS_CHECK and d >= und:
+                    return -FAULT_DOCS
                 if stored:
                     v = np.float64(imp[p])
                 else:
                     v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                 acc[d] += w * v
+        return 0
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _offer_one(bv, br, bd, n, tv, tr, k, v, r, d):
         """Offer one positive (score v, id rank r, docno d) to a ``_new_top`` collector, as
         ``_offer_scores`` offers each of its documents; returns (n, tv, tr)."""
@@ -1048,7 +1197,7 @@ if HAVE_NUMBA:
                 n = k
         return n, tv, tr
 
-    @njit(cache=True, nogil=True, inline="always")
+    @njit(cache=_CACHE, nogil=True, inline="always")
     def _any_at_least(acc, j0, j1, bar):
         """Whether any of acc[j0:j1] is >= bar. A whole run (``SCAN`` entries) is a count of
         compares with a constant trip count and unsigned indices, which LLVM vectorizes:
@@ -1062,7 +1211,7 @@ if HAVE_NUMBA:
             hit += np.int64(acc[b + j] >= bar)
         return hit > 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _offer_dense(acc, rank, base, bv, br, bd, n, tv, tr, k):
         """Offer every positive score in ``acc`` (one per document of the shard, read in
         order) to a ``_new_top`` collector as docno ``base | id``, then zero ``acc``; returns
@@ -1083,7 +1232,7 @@ if HAVE_NUMBA:
         acc[:] = 0.0
         return n, tv, tr
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _approx_keep(T):
         """The factor c such that a document whose approximate score (float32 impacts summed
         in float64, ``T`` terms, positive weights) is below c times the k-th largest
@@ -1096,7 +1245,7 @@ if HAVE_NUMBA:
         delta = 2.0 ** -23 + (T + 1) * 2.0 ** -50
         return (1.0 - delta) / (1.0 + delta)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _approx_compact(av, ad, n, bar, k, c):
         """Raise ``bar`` to ``c`` times the k-th largest of ``av[:n]`` and keep, in place,
         the entries at or above it (``_approx_keep``: none of the exact top k is dropped);
@@ -1111,7 +1260,7 @@ if HAVE_NUMBA:
                 j += 1
         return j, bar
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c):
         """Append (approximate score, docno ``base | id``) of each document at or above
         ``bar`` (positive) to the candidate buffer ``av, ad`` from entry ``j`` on: every
@@ -1143,7 +1292,7 @@ if HAVE_NUMBA:
             j = j1
         return end, n, bar
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c):
         """:func:`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
         leaves ``acc`` zeroed; returns (av, ad, n, bar)."""
@@ -1161,7 +1310,7 @@ if HAVE_NUMBA:
             nad[:n] = ad[:n]
             av, ad = nav, nad
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _find_all(docs, lo, hi, ids, pos):
         """``pos[j]``: the position of ``ids[j]`` in ``docs[lo:hi]`` (ascending), or -1. All the
         binary searches advance one halving at a time together and without branches: the
@@ -1184,31 +1333,37 @@ if HAVE_NUMBA:
             p = b + 1 if docs[b] < ids[j] else b
             pos[j] = p if p < hi and docs[p] == ids[j] else -1
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _rescore_shard(indptr, docs, tfs, code, table, itab, cap, local, weights, ids, rank, base,
                        bv, br, bd, n, tv, tr, k):
         """The exact scores of one shard's documents ``ids`` (ascending), offered to a
         ``_new_top`` collector; returns (n, tv, tr). Each term's posting of a document is
         found by lookup and its impact computed as ``_accumulate`` computes it, added from
         0.0 in the canonical order: the bits exhaustive scoring gives. Term by term, all the
-        candidates' lookups of one term together (``_find_all``)."""
+        candidates' lookups of one term together (``_find_all``). ``ids`` come from
+        checked postings; a damaged range: (``-FAULT_INDPTR``, tv, tr)."""
         sc = np.zeros(ids.shape[0])
         pos = np.empty(ids.shape[0], dtype=np.int64)
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
         for i in range(local.shape[0]):
             li = local[i]
             if li < 0:
                 continue
-            _find_all(docs, indptr[li], indptr[li + 1], ids, pos)
+            a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, docs.shape[0]):
+                return -FAULT_INDPTR, tv, tr
+            _find_all(docs, a0, e0, ids, pos)
             w = weights[i]
             for j in range(ids.shape[0]):
                 p = pos[j]
                 if p >= 0:
-                    sc[j] += w * _impact(tfs[p], code[ids[j]], table, itab, cap)
+                    sc[j] += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[ids[j]]), table, itab, ucap, nt)
         for j in range(ids.shape[0]):
             n, tv, tr = _offer_one(bv, br, bd, n, tv, tr, k, sc[j], rank[ids[j]], base | ids[j])
         return n, tv, tr
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab, cap, gids,
                        weights, k):
         """``search_shards_plain`` over stored float32 impacts (positive weights): every
@@ -1216,7 +1371,7 @@ if HAVE_NUMBA:
         times its k-th best, then the survivors (the k best and their near-ties) rescored
         exactly (``_rescore_shard``) and ranked: the same documents and bits as exhaustive
         float64 scoring, at 4 bytes a posting read instead of a tf, a length code and a
-        table cell."""
+        table cell. Returns (docnos, scores, fault)."""
         local = np.empty(gids.shape[0], dtype=np.int64)
         c = _approx_keep(gids.shape[0])
         av = np.empty(4 * k + 16)
@@ -1234,11 +1389,15 @@ if HAVE_NUMBA:
             code = _view(meta, s, 5, code_proto.dtype)
             imp = _impacts32_of(imeta32, s)
             if _is_dense(indptr, local, nd, dense_min):
-                _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], imp)
+                f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], imp)
+                if f < 0:
+                    return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
                 av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c)
             else:
                 m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
                                 0, imp)
+                if m < 0:
+                    return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
                 av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c)
         n, bar = _approx_compact(av, ad, n, bar, k, c)
         cand = np.sort(ad[:n])
@@ -1256,10 +1415,13 @@ if HAVE_NUMBA:
                                         _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
                                         cap, local, weights, cand[j:e] & np.int64(0xFFFFFFFF), id_rank[lo:hi],
                                         np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
+            if nn < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -nn
             j = e
-        return _top_sorted(bv, br, bd, nn, k)
+        dn, sc = _top_sorted(bv, br, bd, nn, k)
+        return dn, sc, 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def place_postings(tids, docs, tfs, indptr):
         """(docs, tfs) with each posting moved to its term's next free slot (``indptr[t]``
         on), in input order: the build's counting sort (``PostingsBuilder.finish``)."""
@@ -1274,27 +1436,41 @@ if HAVE_NUMBA:
             nxt[t] = j + 1
         return out_d, out_t
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _fill_impacts(docs, tfs, code, table, itab, out):
-        """Each posting's impact into ``out`` (float64, or rounded to float32 by the store)."""
-        cap = itab.shape[0] // table.shape[0]
+        """Each posting's impact into ``out`` (float64, or rounded to float32 by the store);
+        0, or the ``FAULT_*`` of a posting whose document is outside ``code`` or whose tf is
+        below 1 (every impact is then above 0, as the kernels that read them require)."""
+        und = np.uint64(code.shape[0])
+        ucap = np.uint64(itab.shape[0] // table.shape[0])
+        nt = np.uint64(table.shape[0])
         for p in range(docs.shape[0]):
-            out[p] = _impact(np.int64(tfs[p]), code[docs[p]], table, itab, cap)
+            d = np.uint64(docs[p])
+            t = np.uint64(tfs[p])
+            if _bad_posting(d, und, t):
+                return _posting_fault(d, und)
+            out[p] = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
+        return 0
+
+    def _impacts_or_fault(docs, tfs, code, table, itab, out):
+        fault = _fill_impacts(docs, tfs, code, table, itab, out)
+        if fault:
+            from .errors import ShardFault
+            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
         return out
 
-    @njit(cache=True, nogil=True)
     def posting_impacts(docs, tfs, code, table, itab):
-        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it."""
-        return _fill_impacts(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
+        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it.
+        Raises ``errors.ShardFault`` at a document id outside ``code`` or a tf below 1."""
+        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
 
-    @njit(cache=True, nogil=True)
     def posting_impacts32(docs, tfs, code, table, itab):
         """:func:`posting_impacts` rounded to float32 (the nearest float32 of each float64
         impact): what the build stores (``impacts.npy``) for the exhaustive kernels'
         approximate pass, whose candidates are then rescored exactly (``_rescore_shard``)."""
-        return _fill_impacts(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=np.float32))
+        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=np.float32))
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _local_terms(term_gid, gids, local):
         found = False
         for i in range(gids.shape[0]):
@@ -1303,7 +1479,7 @@ if HAVE_NUMBA:
                 found = True
         return found
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _prune_pays(meta, bmeta, gids, weights, k):
         """Whether block-max pruning is expected to beat exhaustive scoring for this query:
         where, in the first shard holding one of its terms, the bounds known before any
@@ -1342,13 +1518,15 @@ if HAVE_NUMBA:
             post += n
             need = theta - rest[i + 1]
             w = weights[i]
-            b0 = bstart[li]
-            for blk in range(bstart[li + 1] - b0):
+            b0, b1 = bstart[li], bstart[li + 1]
+            if not (0 <= b0 and b0 <= b1 and b1 <= bmax.shape[0]):
+                return False  # damaged: the scoring that follows reads the range and says so
+            for blk in range(b1 - b0):
                 if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 < need:
                     skip += min(BLOCK, n - blk * BLOCK)
         return skip >= PRUNE_SKIP * post
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                       touched, table, itab, gids, weights, k, prune_min, stats):
         """Top ``k`` over all shards: (docnos ``shard << 32 | local``, scores), best first,
@@ -1376,9 +1554,15 @@ if HAVE_NUMBA:
         (``prune_min == 0`` makes it prune wherever the bounds allow, for tests), and a
         query that ``_prune_pays`` judges not worth pruning goes to
         :func:`search_shards_plain` (with ``imeta``, ``imeta32``, ``rescore_min`` and
-        ``dense_min``, as that takes them).
+        ``dense_min``, as that takes them), and so does ``prune_min = -1`` or a non-positive
+        weight (whose scores that reads back without a touched list).
+
+        Returns (docnos, scores, fault): fault 0, or ``shard << 8 | FAULT_*`` where a value
+        read from the shard's files was impossible (module docstring); then the docnos are
+        empty and ``acc`` is not zeroed (the caller zeroes it).
         """
-        if prune_min > 0 and bmeta.shape[0] > 0 and not _prune_pays(meta, bmeta, gids, weights, k):
+        if prune_min < 0 or gids.shape[0] == 0 or weights.min() <= 0.0 or (
+                prune_min > 0 and bmeta.shape[0] > 0 and not _prune_pays(meta, bmeta, gids, weights, k)):
             return search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
                                        acc, touched, table, itab, gids, weights, k)
         S = meta.shape[0]
@@ -1408,6 +1592,8 @@ if HAVE_NUMBA:
                         _view(bmeta, s, 4, np.int32),
                         BLOCK, local, weights, acc[:nd], touched[:nd + 1], id_rank[lo:hi], np.int64(s) << 32,
                         hv, hr, hd, n, theta, prune_min == 0, stats)
+                    if n < 0:
+                        return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -n
                     if n == k:
                         theta = max(theta, hv[0])
                     continue
@@ -1416,11 +1602,14 @@ if HAVE_NUMBA:
                              _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
                              table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
                              id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n, theta, prune_min, stats)
-            if prune_min >= 0 and n == k:  # the k-th best so far bounds the final k-th from below
+            if n < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -n
+            if n == k:  # the k-th best so far bounds the final k-th from below
                 theta = max(theta, hv[0])
-        return _heap_sorted(hv, hr, hd, n)
+        dn, sc = _heap_sorted(hv, hr, hd, n)
+        return dn, sc, 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                             touched, table, itab, gids, weights, k):
         """``search_shards`` with ``prune_min = -1`` (exhaustive term-at-a-time over every
@@ -1435,7 +1624,9 @@ if HAVE_NUMBA:
         postings per (k, term) pair (the exact rescoring of about k candidates looks up each
         term once per candidate; 0: always, -1: never). A shard of at least ``dense_min``
         documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
-        read back by one scan of its accumulator (``_is_dense``)."""
+        read back by one scan of its accumulator (``_is_dense``), and so is every shard for
+        a query with a non-positive weight (whose sums may come back to 0.0 and list a
+        document twice). Returns (docnos, scores, fault), as :func:`search_shards`."""
         cap = itab.shape[0] // table.shape[0]
         if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
                 weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
@@ -1444,40 +1635,50 @@ if HAVE_NUMBA:
         local = np.empty(gids.shape[0], dtype=np.int64)
         bv, br, bd, tv, tr = _new_top(k)
         n = 0
+        positive = gids.shape[0] == 0 or weights.min() > 0.0
         for s in range(meta.shape[0]):
             if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
             nd = hi - lo  # scored in acc[:nd], as in search_shards
             indptr = _view(meta, s, 0, np.int64)
-            if _is_dense(indptr, local, nd, dense_min):
-                _accumulate_dense(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
-                                  _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
-                                  _impacts_of(imeta, s))
+            if not positive or _is_dense(indptr, local, nd, dense_min):
+                f = _accumulate_dense(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
+                                      _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
+                                      _impacts_of(imeta, s))
+                if f < 0:
+                    return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
                 n, tv, tr = _offer_dense(acc[:nd], id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, n, tv, tr, k)
                 continue
             m = _accumulate(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
                             _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
                             touched[:nd + 1], 0, _impacts_of(imeta, s))
+            if m < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
             n, tv, tr = _offer_scores(acc[:nd], touched[:nd + 1], m, id_rank[lo:hi], np.int64(s) << 32,
                                       bv, br, bd, n, tv, tr, k, True)
-        return _top_sorted(bv, br, bd, n, k)
+        dn, sc = _top_sorted(bv, br, bd, n, k)
+        return dn, sc, 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
                            table, itab, idf, qptr, qgids, k, out_pos, out_score, out_n):
-        """``search_batch`` with ``prune_min = -1`` through :func:`search_shards_plain`."""
+        """``search_batch`` with ``prune_min = -1`` through :func:`search_shards_plain`; returns
+        0 or a fault code, as ``search_batch``."""
         for q in range(qptr.shape[0] - 1):
             a, b = qptr[q], qptr[q + 1]
             out_n[q] = 0
             if b == a:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
-            dn, sc = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
-                                         acc, touched, table, itab, gids, ws, k)
+            dn, sc, fault = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
+                                                id_rank, acc, touched, table, itab, gids, ws, k)
+            if fault:
+                return fault
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+        return 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _split_weights(qgids, qraw, a, s, b, idf):
         """(gids, raw · idf) of one weighted query of ``search_batch_weighted``: the terms
         ``qgids[a:s]`` first, then ``qgids[s:b]``, each group in the canonical order, as
@@ -1493,44 +1694,51 @@ if HAVE_NUMBA:
         ws[n1:] = w2
         return gids, ws
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_batch_weighted(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                               touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, prune_min, stats, out_pos,
                               out_score, out_n):
         """Many weighted queries in one call, each exactly as ``search_shards`` answers it
         through ``search_arrays``: query ``q``'s distinct terms are ``qgids[qptr[q]:qptr[q + 1]]``
         with weights ``qraw`` (before idf; zeros dropped), those before ``qsplit[q]`` scored
-        first (SIRA's query, then its expansion). Outputs as ``search_batch``."""
+        first (SIRA's query, then its expansion). Outputs and returns as ``search_batch``."""
         for q in range(qptr.shape[0] - 1):
             out_n[q] = 0
             gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
             if gids.shape[0] == 0:
                 continue
-            dn, sc = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
-                                   acc, touched, table, itab, gids, ws, k, prune_min if ws.min() > 0 else -1, stats)
+            dn, sc, fault = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
+                                          id_rank, acc, touched, table, itab, gids, ws, k,
+                                          prune_min if ws.min() > 0 else -1, stats)
+            if fault:
+                return fault
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+        return 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_batch_weighted_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                                     touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, out_pos, out_score,
                                     out_n):
-        """``search_batch_weighted`` through :func:`search_shards_plain`."""
+        """``search_batch_weighted`` through :func:`search_shards_plain` (returns as ``search_batch``)."""
         for q in range(qptr.shape[0] - 1):
             out_n[q] = 0
             gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
             if gids.shape[0] > 0:
-                dn, sc = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
-                                             id_rank, acc, touched, table, itab, gids, ws, k)
+                dn, sc, fault = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
+                                                    id_rank, acc, touched, table, itab, gids, ws, k)
+                if fault:
+                    return fault
                 _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+        return 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _query_weights(raw, idf):
         """(distinct gids, count · idf) of one query's term ids (with repeats), in the canonical
         order: weight descending, then gid ascending (``np.lexsort((gids, -ws))``)."""
         ug, cnt = _distinct_counts(raw)
         return _canonical(ug, cnt, idf)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def search_batch(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
                      table, itab, idf, qptr, qgids, k, prune_min, stats, out_pos, out_score, out_n):
         """Many queries in one call, each exactly as ``search_shards`` answers it.
@@ -1538,7 +1746,8 @@ if HAVE_NUMBA:
         Query ``q``'s analyzed terms are the global ids ``qgids[qptr[q]:qptr[q + 1]]`` (repeats
         count: weight = count · idf). Writes its top ``k`` (k <= out_pos.shape[1]) as global
         document positions (``doc_off[shard] + local``) into ``out_pos[q]``, scores into
-        ``out_score[q]``, and how many into ``out_n[q]``.
+        ``out_score[q]``, and how many into ``out_n[q]``. Returns 0, or the first query's fault
+        code (:func:`search_shards`), where it stops.
         """
         for q in range(qptr.shape[0] - 1):
             a, b = qptr[q], qptr[q + 1]
@@ -1547,11 +1756,14 @@ if HAVE_NUMBA:
                 continue
             gids, ws = _query_weights(qgids[a:b], idf)
             pm = prune_min if ws.min() > 0 else -1
-            dn, sc = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
-                                   acc, touched, table, itab, gids, ws, k, pm, stats)
+            dn, sc, fault = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
+                                          id_rank, acc, touched, table, itab, gids, ws, k, pm, stats)
+            if fault:
+                return fault
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+        return 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def term_bounds(indptr, docs, tfs, doclen):
         """Per term: the largest tf and the shortest document length in its postings."""
         V = indptr.shape[0] - 1
@@ -1572,7 +1784,7 @@ if HAVE_NUMBA:
 
     # -- SIRA's offline proposers, whole batches in one call (serving/sira/batch.py) --------
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _distinct_counts(raw):
         """(distinct ids ascending, their counts as float64) of one query's term ids; up to
         SMALL_SORT ids by insertion (no sort call, two allocations), more through a sort."""
@@ -1605,14 +1817,14 @@ if HAVE_NUMBA:
                 n += 1
         return ug[:n], cnt[:n]
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _eligible_marks(df, short, tau_n, rmark):
         """``rmark`` as :func:`_rm3_select` takes it: 3 where a term can never be proposed
         (df > tau_n, or one character), else 0."""
         for t in range(rmark.shape[0]):
             rmark[t] = 3 if df[t] > tau_n or short[t] else 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _rm3_select(fptr, fg, ftf, fdl, rows, dw, idf, use_idf, qg, n_terms, racc, rmark,
                     out_g, out_w):
         """``feedback.ForwardIndex.rm3_weights`` + ``select_terms`` for one query: sums
@@ -1624,7 +1836,10 @@ if HAVE_NUMBA:
         is :func:`_eligible_marks` on entry and on return: 3 marks a term that can never be
         kept (df > tau·N or shorter than two characters), whose entries are then skipped
         before any arithmetic (they would be dropped after it; every kept term's sum is the
-        same either way). n_terms >= 1."""
+        same either way). n_terms >= 1. Returns -1 (marks and sums then not restored: the
+        caller stops) where the forward index holds a term id outside the vocabulary (it is
+        built from the shards' ``term_gid``)."""
+        V = np.uint64(rmark.shape[0])
         for x in range(qg.shape[0]):  # query terms: never proposed, never listed
             if rmark[qg[x]] == 0:
                 rmark[qg[x]] = 2
@@ -1643,6 +1858,8 @@ if HAVE_NUMBA:
             # term or a never-kept one (mark >= 2) adds exactly 0.0 to its slot, which stays 0.
             for e in range(np.uint64(fptr[r]), np.uint64(fptr[r + 1])):
                 t = np.uint64(fg[e])
+                if BOUNDS_CHECK and t >= V:
+                    return -1
                 mk = rmark[t]
                 first = mk == 0
                 cand[nc] = t
@@ -1678,7 +1895,7 @@ if HAVE_NUMBA:
                 out_w[i] = out_w[i] / top
         return m
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, m, imp):
         """Add every listed term's ``weight · tf/(tf + denom)`` to ``acc`` (term-at-a-time, in
         order; ``_score_shard``'s exhaustive path), recording first-seen documents in
@@ -1686,42 +1903,62 @@ if HAVE_NUMBA:
         document had no score yet); returns the new count. Unsigned indices throughout
         (:func:`_impact_u`); where ``imp`` is given (non-empty: each
         posting's impact, :func:`posting_impacts`), it is read instead of computed, one load
-        instead of three per posting."""
+        instead of three per posting.
+
+        Every weight positive: each posting's ``w · impact`` is then above 0 (a tf of at
+        least 1, a stored impact above 0: both checked), so a document's sum never comes back
+        to 0.0 and it is listed once, and ``touched`` (one slot more than ``acc``) cannot
+        overflow. Returns ``-FAULT_*`` at a damaged posting, ``acc`` left as it is."""
         um = np.uint64(m)
         stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
+        npost = docs.shape[0]
+        und = np.uint64(acc.shape[0])
         for i in range(local.shape[0]):
             li = local[i]
             if li < 0:
                 continue
             w = weights[i]
-            for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+            a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR
+            for p in range(np.uint64(a0), np.uint64(e0)):
                 d = np.uint64(docs[p])
                 if stored:
                     v = imp[p]
+                    if BOUNDS_CHECK and ((d >= und) | (not v > 0.0)):
+                        return -(FAULT_DOCS if d >= und else FAULT_IMPACTS)
                 else:
-                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
+                    t = np.uint64(tfs[p])
+                    if _bad_posting(d, und, t):
+                        return -_posting_fault(d, und)
+                    v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
                 a = acc[d]
                 touched[um] = d
                 um += np.uint64(a == 0.0)
                 acc[d] = a + w * v
         return np.int64(um)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, gids, weights, mcount):
-        """:func:`_accumulate` over every shard (``mcount[s]``: shard s's touched count)."""
+        """:func:`_accumulate` over every shard (``mcount[s]``: shard s's touched count);
+        returns 0 or a fault code (:func:`search_shards`)."""
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
         for s in range(meta.shape[0]):
             if gids.shape[0] == 0 or not _local_terms(_view(meta, s, 3, np.int32), gids, local):
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
-            mcount[s] = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                                    _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
-                                    cap, local, weights, acc[lo:hi], touched[lo:hi + 1], mcount[s], _impacts_of(imeta, s))
+            m = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
+                            _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
+                            cap, local, weights, acc[lo:hi], touched[lo:hi + 1], mcount[s], _impacts_of(imeta, s))
+            if m < 0:
+                return (s << 8) | -m
+            mcount[s] = m
+        return 0
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _top_of(doc_off, id_rank, acc, touched, mcount, k, zero):
         """(docnos, scores) of the best ``k`` accumulated documents of every shard, ranked as
         ``search_shards`` ranks (score descending, then doc_id); with ``zero`` the
@@ -1738,7 +1975,7 @@ if HAVE_NUMBA:
                 mcount[s] = 0
         return _top_sorted(bv, br, bd, n, k)
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def _canonical(gids, raw, idf):
         """(gids, raw · idf) in the canonical term order: weight descending, then gid ascending;
         zero weights dropped (as ``BM25Retriever.weights`` drops them). ``gids`` are distinct.
@@ -1789,7 +2026,7 @@ if HAVE_NUMBA:
         order = np.argsort(neg, kind="mergesort")
         return g[order], -neg[order]
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=_CACHE, nogil=True)
     def sira_batch(meta, imeta, code_proto, doc_off, id_rank, acc, touched, table, itab, idf, qptr, qgids, k,
                    fptr, fg, ftf, fdl, df, short, tau_n, fb_docs, fb_terms, lam,
                    use_prf, dense_rows, dense_w, dense_n, racc, rmark, out_pos, out_score, out_n, out_nexp):
@@ -1805,7 +2042,8 @@ if HAVE_NUMBA:
         accumulators (pass 2), and the top ``k`` taken. So each score is BM25(q) + λ·BM25(e)
         summed in that order, as ``search_arrays(q, k, then=e)`` sums it, and the query's
         postings are read once. Outputs as ``search_batch``, plus the number of expansion
-        terms per query in ``out_nexp``."""
+        terms per query in ``out_nexp``. Returns 0, or a fault code (:func:`search_shards`)
+        where it stops."""
         mask = np.int64(0xFFFFFFFF)
         S = meta.shape[0]
         mcount = np.zeros(S, dtype=np.int64)
@@ -1820,7 +2058,9 @@ if HAVE_NUMBA:
             out_nexp[q] = 0
             ug, cnt = _distinct_counts(qgids[a:b])
             qg, qw = _canonical(ug, cnt, idf)
-            _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, qg, qw, mcount)
+            fault = _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, qg, qw, mcount)
+            if fault:
+                return fault
             npf = 0
             if use_prf and qg.shape[0] > 0:
                 dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, fb_docs, False)
@@ -1829,9 +2069,11 @@ if HAVE_NUMBA:
                     rows[j] = doc_off[dn[j] >> 32] + (dn[j] & mask)
                 npf = _rm3_select(fptr, fg, ftf, fdl, rows, sc, idf, False, ug, fb_terms, racc, rmark, pg, pw)
             nde = 0
-            if dense_n[q] > 0:
+            if dense_n[q] > 0 and npf >= 0:
                 nde = _rm3_select(fptr, fg, ftf, fdl, dense_rows[q, :dense_n[q]], dense_w[q, :dense_n[q]], idf,
                                   True, ug, fb_terms, racc, rmark, dg, dwt)
+            if npf < 0 or nde < 0:
+                return (FAULT_NO_SHARD << 8) | FAULT_TERMS
             eg = np.empty(npf + nde, dtype=np.int64)
             ew = np.empty(npf + nde)
             ne = 0
@@ -1854,9 +2096,12 @@ if HAVE_NUMBA:
                 ew[x] = 0.0 + lam * ew[x]
             xg, xw = _canonical(eg[:ne], ew[:ne], idf)
             out_nexp[q] = ne
-            _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
+            fault = _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, xg, xw, mcount)
+            if fault:
+                return fault
             dn, sc = _top_of(doc_off, id_rank, acc, touched, mcount, k, True)
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
+        return 0
 else:
     search_shards = None
     search_batch = None

@@ -15,6 +15,12 @@ is absent or ``use_kernel`` is off.
 ``search_texts`` answers a batch of query texts (``Searcher.search_batch``): analysis into
 global term ids per distinct whitespace chunk (cached), then every query in one compiled
 call (``kernels.search_batch``), each exactly as ``search_arrays`` would answer it.
+
+Damaged files: the kernels check every value they index with as they read it and return a
+fault code where one is impossible (``kernels``, "Damaged files"); the NumPy path raises
+``errors.ShardFault``. Either way the query fails with ``errors.IndexDamaged`` naming the
+file (``fault_error``: ``IndexVersion.damaged`` records the version as damaged and stops
+serving it), and every later query on that version fails the same way, never a crash.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 from ..pipelines.postings import BLOCK_FILES
 from . import filters
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
+from .errors import IndexDamaged, ShardFault
 from .index import IndexVersion
 
 
@@ -101,6 +108,15 @@ def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.nda
     return kernels.block_maxima(indptr, docs, tfs, norms, den, itab, kernels.BLOCK)
 
 
+def _in_shard(shard, fn, *args):
+    """``fn(*args)`` over one shard's arrays; a ``ShardFault`` it raises naming a file of the
+    shard's folder (``kernels.block_maxima`` does not know the shard) names it in the version."""
+    try:
+        return fn(*args)
+    except ShardFault as e:
+        raise ShardFault(f"{shard.rel}/{e.file}", e.reason) from None
+
+
 def _shown_df(ix: IndexVersion, g: int) -> int:
     """A term's df as an explanation shows it: global, or for a principal the documents it may
     read hold it (``filters.Mask.df``)."""
@@ -158,6 +174,35 @@ class BM25Retriever:
     def _use_kernel(self) -> bool:
         return self.kernels and kernels.HAVE_NUMBA and all(s.use_kernel for s in self.index.shards)
 
+    def _refuse_damaged(self) -> None:
+        """Raise the version's ``IndexDamaged`` once a query found it damaged."""
+        damage = getattr(self.index, "damage", None)  # tests build retrievers over plain namespaces
+        if damage is not None:
+            raise self.index.damaged(*damage)
+
+    def fault_error(self, fault: int | ShardFault) -> IndexDamaged:
+        """The ``IndexDamaged`` for a kernel's fault code (``kernels.fault_parts``) or a
+        ``ShardFault``, after ``IndexVersion.damaged`` recorded it. This thread's accumulator
+        is zeroed: a kernel that stops at a fault leaves partial sums in it."""
+        bufs = getattr(self._tls, "buffers", None)
+        if bufs is not None:
+            bufs[0][:] = 0.0
+        shards = self.index.shards
+        if isinstance(fault, ShardFault):
+            s = next((i for i, sh in enumerate(shards) if fault.file.startswith(sh.rel + "/")), None)
+            return self.index.damaged(fault.file, fault.reason, shard=s)
+        s, name, reason = kernels.fault_parts(fault)
+        if s is None:  # not known (a term id of the forward index): the first shard the checks refuse
+            for i in range(len(shards)):
+                try:
+                    self.index._check_shard(i)
+                except (ValueError, OSError):
+                    s = i
+                    break
+            else:
+                s = 0
+        return self.index.damaged(f"{shards[s].rel}/{name}", reason, shard=s)
+
     def _shard_args(self, length_norm: str) -> tuple:
         """(meta, code prototype, doc offsets, id ranks) for the kernel, built once per length
         encoding; the arrays ``meta`` points into stay referenced in ``_kernel_args``."""
@@ -167,10 +212,11 @@ class BM25Retriever:
                 args = self._kernel_args.get(length_norm)
                 if args is None:
                     exact = length_norm == "exact"
+                    # Length codes index the tables: private checked copies (ShardScorer), not the maps.
                     shards = [{"indptr": s.indptr, "docs": s.docs, "tfs": s.tfs, "term_gid": s.term_gid,
                                "max_tf": s.bounds()[0],
-                               "code": s.doclen.astype(np.int32, copy=False) if exact else s.norms,
-                               "min_code": s.bounds()[1] if exact else s.min_norms()}
+                               "code": s.exact_codes() if exact else s.norms,
+                               "min_code": s.exact_min_codes() if exact else s.min_norms()}
                               for s in self.index.shards]
                     meta, keep = kernels.shard_table(shards)
                     proto = np.zeros(0, dtype=np.int32 if exact else np.uint8)
@@ -207,7 +253,8 @@ class BM25Retriever:
                     den, itab = self._table(params)
                     want = block_maxima_key(self.index.avgdl)
                     blocks = [s.stored_blocks[1] if s.stored_blocks is not None and s.stored_blocks[0] == want
-                              else kernels.block_maxima(s.indptr, s.docs, s.tfs, s.norms, den, itab, kernels.BLOCK)
+                              else _in_shard(s, kernels.block_maxima, s.indptr, s.docs, s.tfs, s.norms, den, itab,
+                                             kernels.BLOCK)
                               for s in self.index.shards]
                     self._block_args = kernels.block_table(blocks)
         return self._block_args[0]
@@ -226,9 +273,9 @@ class BM25Retriever:
                 got = self._impact_args.get(params)
                 if got is None:
                     den, itab = self._table(params)
-                    got = kernels.impact_table([kernels.posting_impacts(s.docs, s.tfs, s.doclen.astype(
-                        np.int32, copy=False) if params.length_norm == "exact" else s.norms, den, itab)
-                        for s in self.index.shards])
+                    got = kernels.impact_table([_in_shard(s, kernels.posting_impacts, s.docs, s.tfs,
+                                                          s.codes(params), den, itab)
+                                                for s in self.index.shards])
                     if len(self._impact_args) >= 2:  # the default and the latest override
                         self._impact_args.pop(next(k for k in self._impact_args if k != _DEFAULT))
                     self._impact_args[params] = got
@@ -264,7 +311,7 @@ class BM25Retriever:
         t = self._tables.get(params)
         if t is None:
             exact = params.length_norm == "exact"
-            max_len = max((int(s.doclen.max(initial=0)) for s in self.index.shards), default=0) if exact else 255
+            max_len = max((int(s.exact_codes().max(initial=0)) for s in self.index.shards), default=0) if exact else 255
             t = impact_tables(params, self.index.avgdl, max_len)
             if len(self._tables) > 16:
                 self._tables.clear()
@@ -338,19 +385,25 @@ class BM25Retriever:
         cnt = np.zeros(n, dtype=np.int64)
         if n == 0:
             return pos, score, cnt
+        self._refuse_damaged()
         if self._use_kernel() and filters.active() is None:  # filtered: per query, through search_arrays
             qptr, qgids = self.query_gids(texts)
-            meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
-            acc, touched = self._buffers()
-            den, itab = self._table(params)
-            ex = self._plain_args(params)  # held while the kernel runs
-            if self._batch_may_prune(qptr, qgids):
-                kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched, den,
-                                     itab, self.index.idf,
-                                     qptr, qgids, k, self.prune_min_postings, self.prune_stats, pos, score, cnt)
-            else:
-                kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
-                                           self.index.idf, qptr, qgids, k, pos, score, cnt)
+            try:
+                meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
+                acc, touched = self._buffers()
+                den, itab = self._table(params)
+                ex = self._plain_args(params)  # held while the kernel runs
+                if self._batch_may_prune(qptr, qgids):
+                    fault = kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc,
+                                                 touched, den, itab, self.index.idf, qptr, qgids, k,
+                                                 self.prune_min_postings, self.prune_stats, pos, score, cnt)
+                else:
+                    fault = kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                                       itab, self.index.idf, qptr, qgids, k, pos, score, cnt)
+            except ShardFault as e:
+                raise self.fault_error(e) from None
+            if fault:
+                raise self.fault_error(fault)
             return pos, score, cnt
         return self._rows([(dict(self.query_terms(text)), None) for text in texts], k, params, (pos, score, cnt))
 
@@ -396,17 +449,23 @@ class BM25Retriever:
             ptr.append(len(gids))
         qptr, qsplit = np.asarray(ptr, dtype=np.int64), np.asarray(split, dtype=np.int64)
         qgids, qraw = np.asarray(gids, dtype=np.int64), np.asarray(raw, dtype=np.float64)
-        meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
-        acc, touched = self._buffers()
-        den, itab = self._table(params)
-        ex = self._plain_args(params)  # held while the kernel runs
-        if self._batch_may_prune(qptr, qgids):
-            kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched,
-                                          den, itab, self.index.idf, qptr, qsplit, qgids, qraw, k,
-                                          self.prune_min_postings, self.prune_stats, *out)
-        else:
-            kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
-                                                self.index.idf, qptr, qsplit, qgids, qraw, k, *out)
+        self._refuse_damaged()
+        try:
+            meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
+            acc, touched = self._buffers()
+            den, itab = self._table(params)
+            ex = self._plain_args(params)  # held while the kernel runs
+            if self._batch_may_prune(qptr, qgids):
+                fault = kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
+                                                      acc, touched, den, itab, self.index.idf, qptr, qsplit, qgids,
+                                                      qraw, k, self.prune_min_postings, self.prune_stats, *out)
+            else:
+                fault = kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                                            itab, self.index.idf, qptr, qsplit, qgids, qraw, k, *out)
+        except ShardFault as e:
+            raise self.fault_error(e) from None
+        if fault:
+            raise self.fault_error(fault)
         return out
 
     def weights(self, terms: dict[str, float]) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -450,25 +509,35 @@ class BM25Retriever:
             gids, ws = np.concatenate([gids, g2]), np.concatenate([ws, w2])
         if len(gids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        if (mask := filters.active()) is not None:  # a filtered search: allowed documents only
-            from .masked import search_masked
-            return search_masked(self, gids, ws, k, params, mask)
-        return self.search_gids(gids, ws, k, params)
+        self._refuse_damaged()
+        try:
+            if (mask := filters.active()) is not None:  # a filtered search: allowed documents only
+                from .masked import search_masked
+                return search_masked(self, gids, ws, k, params, mask)
+            return self.search_gids(gids, ws, k, params)
+        except ShardFault as e:
+            raise self.fault_error(e) from None
 
     def search_gids(self, gids: np.ndarray, ws: np.ndarray, k: int,
                     params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`search_arrays` for canonical (global ids, w·idf), unfiltered."""
+        """:meth:`search_arrays` for canonical (global ids, w·idf), unfiltered (raises
+        ``ShardFault`` or ``IndexDamaged`` where a file is damaged)."""
         if self._use_kernel():
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)
             acc, touched = self._buffers()
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
             if not self._may_prune(int(np.asarray(self.index.df)[gids].sum())):
-                return kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
-                                                   gids, ws, k)
-            return kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc, touched,
-                                         den, itab, gids, ws, k,
-                                         self.prune_min_postings if ws.min() > 0 else -1, self.prune_stats)
+                dn, sc, fault = kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                                            itab, gids, ws, k)
+            else:
+                dn, sc, fault = kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
+                                                      acc, touched, den, itab, gids, ws, k,
+                                                      self.prune_min_postings if ws.min() > 0 else -1,
+                                                      self.prune_stats)
+            if fault:
+                raise self.fault_error(fault)
+            return dn, sc
         return self._search_reference(gids, ws, k, params)
 
     def _search_reference(self, gids: np.ndarray, ws: np.ndarray, k: int,
@@ -503,8 +572,12 @@ class BM25Retriever:
         from .result import split_docno
         s, local = split_docno(n)
         shard = ix.shards[s]
-        tfs = shard.term_freqs(gids, local)
-        dl = float(shard.lengths(params)[local])
+        self._refuse_damaged()
+        try:
+            tfs = shard.term_freqs(gids, local)
+            dl = float(shard.lengths(params)[local])
+        except ShardFault as e:
+            raise self.fault_error(e) from None
         denom = params.k1 * (1 - params.b + params.b * dl / ix.avgdl)
         out = {}
         hide_idf = filters.restricted() is not None

@@ -30,6 +30,12 @@ A dropped document's bound is below ``theta``, so it cannot reach the top k, tie
 included (bounds are inflated by 1e-9 relative, as in ``kernels.py``); every kept document
 gets every term, in order. So each kernel's top k is exhaustive scoring's, filtered.
 
+Every value read from the index's files and then used to address memory is checked first,
+as in ``kernels.py`` (its docstring, "Damaged files"): postings ranges, block ranges,
+document ids, and the tf or stored impact of a posting that may start a touched-list entry.
+A damaged one ends the search with a fault code (``kernels.FAULT_*``), never a read outside
+an array.
+
 The small numba helpers are repeated here rather than imported from ``kernels.py``: numba's
 on-disk cache (``cache=True``) is invalidated by changes to a function's own file only, so
 a compiled kernel that inlined another file's helper could outlive a change to it.
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import HAVE_NUMBA
+from .kernels import FAULT_BLOCKS, FAULT_DOCS, FAULT_IMPACTS, FAULT_INDPTR, FAULT_TFS, HAVE_NUMBA
 
 #: Block-max lookups prefetch the blocks of this many candidates ahead (as ``kernels.py``).
 PREFETCH_AHEAD = 8
@@ -77,6 +83,26 @@ if HAVE_NUMBA:
             return itab[tf * nt + c]
         x = np.float64(tf)
         return x / (x + table[c])
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _range_ok(a, b, n):
+        """0 <= a <= b <= n (``kernels._range_ok``)."""
+        return 0 <= a and a <= b and b <= n
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _blocks_ok(b0, b1, nblocks, a0, e0, block):
+        """A term's blocks inside the block arrays, one per ``block`` postings (``kernels._blocks_ok``)."""
+        return 0 <= b0 and b0 <= b1 and b1 <= nblocks and b1 - b0 == (e0 - a0 + block - 1) // block
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _bad_posting(d, und, t):
+        """A document id (unsigned) outside the shard or a tf (``np.uint64``) below 1
+        (``kernels._bad_posting``)."""
+        return (d >= und) | (t - np.uint64(1) >= np.uint64(0x7FFFFFFF))
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _posting_fault(d, und):
+        return FAULT_DOCS if d >= und else FAULT_TFS
 
     @njit(cache=True, nogil=True)
     def _bisect(docs, lo, hi, target):
@@ -312,10 +338,12 @@ if HAVE_NUMBA:
             return False
         lj = local[j]
         w = weights[j]
-        b0 = bstart[lj]
+        b0, b1 = bstart[lj], bstart[lj + 1]
         n = indptr[lj + 1] - indptr[lj]
+        if not (0 <= b0 and b0 <= b1 and b1 <= bmax.shape[0]):  # damaged: the term's own read says so
+            return False
         skip = 0
-        for blk in range(bstart[lj + 1] - b0):
+        for blk in range(b1 - b0):
             if w * bmax[b0 + blk] * (1.0 + 1e-9) + 1e-12 < need:
                 skip += min(block, n - blk * block)
         return skip > m
@@ -347,10 +375,17 @@ if HAVE_NUMBA:
         ``by_cands``, else every posting with
         ``allow`` (uint8, one per local document) checked. ``imp``: the stored per-posting
         impacts or an empty array; ``acc`` (zeroed, one per local document) is zeroed again
-        on return, ``touched`` has one more slot."""
+        on return, ``touched`` has one more slot. With a non-positive weight (a sum may come
+        back to 0.0, which would list a document twice) no touched list is kept: every
+        document is read back. A damaged posting or range: ``-FAULT_*`` returned, ``acc``
+        left as it is (the caller zeroes it)."""
         T = local.shape[0]
         cap = itab.shape[0] // table.shape[0]
         stored = imp.shape[0] > 0
+        npost = docs.shape[0]
+        und = np.uint64(acc.shape[0])
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
         if by_cands:
             for i in range(T):
                 li = local[i]
@@ -359,13 +394,16 @@ if HAVE_NUMBA:
                 w = weights[i]
                 p = indptr[li]
                 end = indptr[li + 1]
+                if not _range_ok(p, end, npost):
+                    return -FAULT_INDPTR
                 for j in range(cands.shape[0]):
                     d = cands[j] - lo
                     p = _gallop(docs, p, end, d)
                     if p >= end:
                         break
                     if docs[p] == d:
-                        v = imp[p] if stored else _impact(np.int64(tfs[p]), code[d], table, itab, cap)
+                        v = imp[p] if stored else _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab,
+                                                            ucap, nt)
                         acc[d] = acc[d] + w * v
             for j in range(cands.shape[0]):
                 d = cands[j] - lo
@@ -378,30 +416,38 @@ if HAVE_NUMBA:
         # indices: no wraparound check per access), the mask read once per document touched
         # when the scores are offered: reading it per posting made this loop ~1.4x slower.
         um = np.uint64(0)
-        ucap = np.uint64(cap)
-        nt = np.uint64(table.shape[0])
+        listed = weights.min() > 0.0  # loop-invariant: keep the touched list (see the docstring)
         for i in range(T):
             li = local[i]
             if li < 0:
                 continue
             w = weights[i]
-            for p in range(np.uint64(indptr[li]), np.uint64(indptr[li + 1])):
+            a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR
+            for p in range(np.uint64(a0), np.uint64(e0)):
                 d = np.uint64(docs[p])
                 if stored:
                     v = imp[p]
+                    if (d >= und) | (not v > 0.0):
+                        return -(FAULT_DOCS if d >= und else FAULT_IMPACTS)
                 else:
-                    v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
+                    t = np.uint64(tfs[p])
+                    if _bad_posting(d, und, t):
+                        return -_posting_fault(d, und)
+                    v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
                 a = acc[d]
-                touched[um] = d
-                um += np.uint64(a == 0.0)
+                if listed:
+                    touched[um] = d
+                    um += np.uint64(a == 0.0)
                 acc[d] = a + w * v
         # A disallowed document's score is multiplied by 0.0, not branched on: under a 50%
         # mask that branch is a coin toss per document (mispredicted half the time, 2x this
         # kernel's time). ``bar``: the heap's root once full (what a document must reach).
         k = hv.shape[0]
         bar = 0.0 if n < k else hv[0]
-        for j in range(np.int64(um)):
-            d = np.uint64(touched[j])
+        for j in range(np.int64(um) if listed else acc.shape[0]):
+            d = np.uint64(touched[j]) if listed else np.uint64(j)
             v = acc[d] * np.float64(allow[d])
             acc[d] = 0.0
             if v > bar or (v == bar and v > 0.0):
@@ -436,13 +482,18 @@ if HAVE_NUMBA:
     def _accumulate_masked(docs, tfs, code, table, itab, cap, a0, e0, w, allow, acc, touched, m):
         """Add one term's ``w · impact`` over postings [a0, e0) to the allowed documents'
         ``acc``, first-seen allowed documents appended to ``touched`` after the ``m`` there
-        (branch-free, as :func:`masked_shard`); the new count."""
+        (branch-free, as :func:`masked_shard`); the new count, or ``-FAULT_*`` at a damaged
+        posting. [a0, e0) checked by the caller; ``w`` positive."""
         um = np.uint64(m)
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
+        und = np.uint64(acc.shape[0])
         for p in range(np.uint64(a0), np.uint64(e0)):
             d = np.uint64(docs[p])
-            v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
+            t = np.uint64(tfs[p])
+            if _bad_posting(d, und, t):
+                return -_posting_fault(d, und)
+            v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
             ok = allow[d]
             a = acc[d]
             touched[um] = d
@@ -458,11 +509,17 @@ if HAVE_NUMBA:
         sorted candidates (allowed documents seen that can still reach ``theta``): blocks
         that can bring in a new document are read whole (their disallowed documents skipped),
         the others only where a candidate is. ``eager`` prunes wherever the bounds allow
-        (tests). Offers the survivors to the heap; returns (heap count, theta). ``stats[2]``
-        counts the shards where it went to sorted candidates."""
+        (tests). Offers the survivors to the heap; returns (heap count, theta); (``-FAULT_*``,
+        theta) at a damaged posting or range, ``acc`` left as it is. ``stats[2]`` counts the
+        shards where it went to sorted candidates."""
         k = hv.shape[0]
         T = local.shape[0]
         cap = itab.shape[0] // table.shape[0]
+        npost = docs.shape[0]
+        nblocks = min(bmax.shape[0], blast.shape[0])
+        und = np.uint64(acc.shape[0])
+        ucap = np.uint64(cap)
+        nt = np.uint64(table.shape[0])
         rest = _bounds_left(indptr, tmax, local, weights)
         remaining = np.zeros(T + 1, dtype=np.int64)
         for i in range(T - 1, -1, -1):
@@ -484,8 +541,12 @@ if HAVE_NUMBA:
                 continue
             w = weights[i]
             a0, e0 = indptr[li], indptr[li + 1]
-            b0 = bstart[li]
-            nb = bstart[li + 1] - b0
+            b0, b1 = bstart[li], bstart[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR, theta
+            if not _blocks_ok(b0, b1, nblocks, a0, e0, block):
+                return -FAULT_BLOCKS, theta
+            nb = b1 - b0
             lasts = blast[b0:b0 + nb]
             need = theta - rest[i + 1]
             if not sorted_mode and theta > 0.0:
@@ -507,6 +568,8 @@ if HAVE_NUMBA:
                 nruns += 1
                 nv = 0
                 m = _accumulate_masked(docs, tfs, code, table, itab, cap, a0, e0, w, allow, acc, touched, m)
+                if m < 0:
+                    return m, theta
                 if i + 1 < T and m >= k and (eager or remaining[i + 1] >= 2 * m) and (
                         eager or _theta_may_pay(indptr, bstart, bmax, block, local, weights, rest, i, m)):
                     vals = _gather(acc, touched, m)
@@ -550,14 +613,17 @@ if HAVE_NUMBA:
                     else:
                         p = _bisect(docs, max(p, a0 + bb * block), min(a0 + (bb + 1) * block, p0), d)
                         if p < p0 and docs[p] == d:
-                            acc[d] += w * _impact(tfs[p], code[d], table, itab, cap)
+                            acc[d] += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                     j += 1
                 if x == nr:
                     break
-                for q in range(p0, p1):  # branch-free on the mask, as _accumulate_masked
-                    d = docs[q]
+                for q in range(np.uint64(p0), np.uint64(p1)):  # branch-free on the mask, as _accumulate_masked
+                    d = np.uint64(docs[q])
+                    t = np.uint64(tfs[q])
+                    if _bad_posting(d, und, t):
+                        return -_posting_fault(d, und), theta
                     ok = allow[d]
-                    v = w * _impact(tfs[q], code[d], table, itab, cap)
+                    v = w * _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
                     a = acc[d]
                     fresh = (a == 0.0) & (ok != 0)
                     new[nn] = d
@@ -598,10 +664,14 @@ if HAVE_NUMBA:
         position found). After each term, candidates that cannot reach ``theta`` are dropped.
         Offers the survivors to the heap and leaves ``acc`` zeroed; returns (heap count,
         theta). ``cands`` holds global positions, ``lo`` the shard's first; ``stats[4]``
-        counts the candidates dropped, ``stats[5]`` the terms streamed."""
+        counts the candidates dropped, ``stats[5]`` the terms streamed. (``-FAULT_*``, theta)
+        at a damaged posting or range, ``acc`` left as it is."""
         k = hv.shape[0]
         T = local.shape[0]
         cap = itab.shape[0] // table.shape[0]
+        npost = docs.shape[0]
+        nblocks = min(bmax.shape[0], blast.shape[0])
+        und = np.uint64(acc.shape[0])
         rest = _bounds_left(indptr, tmax, local, weights)
         c = cands.shape[0]
         cand = np.empty(c, dtype=np.int64)
@@ -616,12 +686,16 @@ if HAVE_NUMBA:
                 continue
             w = weights[i]
             a0, e0 = indptr[li], indptr[li + 1]
+            if not _range_ok(a0, e0, npost):
+                return -FAULT_INDPTR, theta
             after = rest[i + 1]
             nk = 0
             n = 0
             if e0 - a0 <= c * cost:
-                for p in range(np.uint64(a0), np.uint64(e0)):  # as _accumulate_masked
+                for p in range(np.uint64(a0), np.uint64(e0)):  # as _accumulate_masked (no touched list)
                     d = np.uint64(docs[p])
+                    if d >= und:
+                        return -FAULT_DOCS, theta
                     v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                     acc[d] = acc[d] + w * v * np.float64(allow[d])
                 stats[5] += 1
@@ -639,8 +713,10 @@ if HAVE_NUMBA:
                             theta = kth[0]
                 c = n
                 continue
-            b0 = bstart[li]
-            nb = bstart[li + 1] - b0
+            b0, b1 = bstart[li], bstart[li + 1]
+            if not _blocks_ok(b0, b1, nblocks, a0, e0, block):
+                return -FAULT_BLOCKS, theta
+            nb = b1 - b0
             bi = 0
             p = a0
             for j in range(c):
@@ -655,7 +731,7 @@ if HAVE_NUMBA:
                     q0 = a0 + bi * block
                     p = _gallop(docs, max(p, q0), min(q0 + block, e0), d)
                     if p < e0 and docs[p] == d:
-                        s += w * _impact(tfs[p], code[d], table, itab, cap)
+                        s += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
                         acc[d] = s
                 elif s + after < theta:
                     stats[4] += 1
@@ -692,7 +768,9 @@ if HAVE_NUMBA:
         ``stats`` (int64, 6; racy counters for tests and benchmarks) counts the shards scored
         by candidates with pruning, by blocks, by blocks that went to sorted candidates,
         without pruning, the candidates that pruning dropped and the terms that candidates
-        streamed."""
+        streamed. Returns (docnos, scores, fault), fault as ``kernels.search_shards`` gives it
+        (``shard << 8 | FAULT_*``; 0 when sound; then the docnos are empty and ``acc`` is
+        not zeroed)."""
         S = meta.shape[0]
         T = gids.shape[0]
         local = np.empty(T, dtype=np.int64)
@@ -741,6 +819,9 @@ if HAVE_NUMBA:
                 n = masked_shard(indptr, docs, tfs, code, imp, table, itab, local, weights, acc[:nd],
                                  touched[:nd + 1], id_rank[lo:hi], base, allow[lo:hi], cands[c0:c1], lo, by_cands,
                                  hv, hr, hd, n)
+            if n < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -n
             if n == k:
                 theta = max(theta, hv[0])
-        return heap_sorted(hv, hr, hd, n)
+        dn, sc = heap_sorted(hv, hr, hd, n)
+        return dn, sc, 0

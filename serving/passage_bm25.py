@@ -70,6 +70,9 @@ class PassageBM25:
         # Its files were verified with the parent's (they are in the parent's manifest); the
         # structure checks of every open still run.
         self.passages = IndexVersion(os.path.join(index.dir, section["dir"]), verify="none")
+        # Damage a query finds in the passage index is the version's (its files are the
+        # version's): recorded there, under the passage folder.
+        self.passages.on_damage = lambda file, reason: index.damaged(f"{section['dir']}/{file}", reason)
         self.inner = BM25Retriever(self.passages)
         pdocs, docs = self.passages.docs, index.docs
         self.passage_off = np.cumsum([0] + [pdocs.shard_size(s) for s in range(pdocs.n_shards)]).astype(np.int64)

@@ -22,7 +22,9 @@ call it directly). On a mismatch, an unreadable, missing or resized file it
 3. logs the failure (ERROR).
 
 It reads through the page cache, so it checks what the server itself would read from the
-file; a page damaged on disk is seen once the cache no longer holds the good copy.
+file; a page damaged on disk is seen once the cache no longer holds the good copy. A query
+can find such damage first (a value no sound index holds, ``IndexVersion.damaged``): that
+takes the same three steps at once.
 
 :class:`ScrubThread` runs a pass every ``interval_s`` seconds (measured from the end of
 one pass to the start of the next; the first ``first_delay_s`` after the server starts,
@@ -42,9 +44,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from funnel.pipelines.artifacts import MANIFEST, IndexFormatError, load_manifest, read_stamps, write_stamps
+from funnel.pipelines.artifacts import MANIFEST, IndexFormatError, load_manifest
 
-from .index import IndexVersion, VersionFollower
+from .index import IndexVersion, VersionFollower, forget_verification
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +175,7 @@ class Scrubber:
 
     def _report(self, fdir: str, ix: IndexVersion, rel: str, reason: str) -> None:
         log.error("scrub: %s/%s is damaged: %s", ix.dir, rel, reason)
-        stamps = read_stamps(ix.dir)
-        if rel in stamps:  # the next cached open on this host hashes it (and refuses the version)
-            del stamps[rel]
-            write_stamps(ix.dir, stamps)
+        forget_verification(ix.dir, rel)  # the next cached open on this host hashes it (and refuses the version)
         self.follower.quarantine(fdir, rel, f"{rel} {reason} (found by the background scrub)")
 
 

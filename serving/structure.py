@@ -1,12 +1,15 @@
 """Structural invariants of an index version's arrays, checked when it is opened.
 
 The compiled BM25 kernels (``serving.kernels``) read the memory-mapped postings through
-raw pointers, with no bounds checks: a document id past the shard, an ``indptr`` running
-past ``docs``, or a negative tf would make them read outside their arrays (a SIGSEGV, or
-a silently wrong score). A checksum only catches damage where the file was hashed: under
-``verify="cached"`` a flip that leaves a file's stat unchanged is not re-hashed at open.
-So every open checks what the kernels rely on, whatever the checksums said, and refuses
-the version with an :class:`IndexFormatError` naming the file and the broken invariant.
+raw pointers: a document id past the shard, an ``indptr`` running past ``docs``, or a
+tf of 0 would make them read or write outside their arrays. They compare each such value
+as they read it (``kernels``, "Damaged files"), which keeps a query safe from bytes that
+change while a version is served; but a checksum only catches damage where the file was
+hashed (under ``verify="cached"`` a flip that leaves a file's stat unchanged is not
+re-hashed at open), so every open also checks what the kernels rely on, whatever the
+checksums said, and refuses the version with an :class:`IndexFormatError` naming the file
+and the broken invariant. When a query finds an impossible value, ``IndexVersion.damaged``
+runs these checks again on the shard to name it precisely.
 
 Each check is a vectorized NumPy pass over an array the kernels read anyway (a max read
 as unsigned covers both bounds of a range; the order check compares ``_CHUNK`` postings
@@ -54,7 +57,11 @@ _HINT = ("the index version is damaged; run `funnel verify INDEX_ROOT` to find e
 
 
 def _fail(version_dir: str, rel: str, what: str) -> IndexFormatError:
-    return IndexFormatError(f"{os.path.join(version_dir, rel)}: {what}; {_HINT}")
+    """The error naming ``rel``; ``file`` and ``reason`` on it say the same for a caller that
+    records them (``IndexVersion.damaged``)."""
+    e = IndexFormatError(f"{os.path.join(version_dir, rel)}: {what}; {_HINT}")
+    e.file, e.reason = rel, what
+    return e
 
 
 def _vector(version_dir: str, rel: str, a, kinds: str = "iu") -> np.ndarray:

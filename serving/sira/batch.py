@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from ..errors import ShardFault
 
 #: The proposers the compiled batch path runs; others (llm) go query by query.
 BATCH_SOURCES = frozenset({"prf", "dense"})
@@ -81,9 +82,14 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
     if n == 0:
         return pos, score, cnt
     qptr, qgids = bm.query_gids(texts)
-    meta, proto, doc_off, id_rank, _ = bm._shard_args(params.length_norm)
+    bm._refuse_damaged()
+    try:
+        meta, proto, doc_off, id_rank, _ = bm._shard_args(params.length_norm)
+        den, itab = bm._table(params)
+        imp = bm._impacts(params)  # held while the kernel runs
+    except ShardFault as e:  # a damaged file (kernels.py, "Damaged files")
+        raise bm.fault_error(e) from None
     acc, touched = bm._buffers()
-    den, itab = bm._table(params)
     fptr, fg, ftf, fdl, offsets, _, short = searcher.forward._build()
     split = np.zeros(n, dtype=bool)
     if "dense" in prep.sources:
@@ -92,12 +98,13 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
         d_rows, d_w, d_n = np.zeros((n, 0), dtype=np.int64), np.zeros((n, 0)), np.zeros(n, dtype=np.int64)
     V = len(ix.vocab)
     lam = float(cfg.lambda_for(prep.proposer))
-    imp = bm._impacts(params)  # held while the kernel runs
-    kernels.sira_batch(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids, k,
-                       fptr, fg, ftf, fdl, np.asarray(ix.df), short,
-                       float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
-                       "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
-                       pos, score, cnt, nexp)
+    fault = kernels.sira_batch(meta, imp[0], proto, doc_off, id_rank, acc, touched, den, itab, ix.idf, qptr, qgids,
+                               k, fptr, fg, ftf, fdl, np.asarray(ix.df), short,
+                               float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
+                               "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
+                               pos, score, cnt, nexp)
+    if fault:  # a damaged file (kernels.py, "Damaged files")
+        raise bm.fault_error(fault)
     if split.any():  # their feedback is passages, which the kernel's document rows do not hold
         from .mode import expand_weights
         todo = np.flatnonzero(split)
