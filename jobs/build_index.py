@@ -79,6 +79,10 @@ LOCAL_MAX_BYTES = SHARD_TARGET_BYTES
 #: where Ray's parallel shards pay for its start.
 RAY_FIXED_SECONDS = 12.0
 LOCAL_BYTES_PER_SECOND = 6.0e6
+#: Corpus bytes the dense stage embeds per CPU second on a CPU (MiniLM, onnxruntime fp32,
+#: passages of 256 word pieces, ~1,100 bytes of text each), as bench/bench_cpu_embed.py measured
+#: it: the whole cost of a CPU build with --dense, which either engine spreads over every core.
+EMBED_BYTES_PER_CPU_SECOND = 20e3
 
 
 def corpus_bytes(spec) -> int:
@@ -115,6 +119,15 @@ def choose_shards(requested: int | None, nbytes: int, target: int = SHARD_TARGET
                f"queries faster; a shard's size bounds the build's memory)")
 
 
+def embed_estimate(nbytes: int, cpus: int | None = None) -> str:
+    """``; embedding (--dense) ~42m on 2 CPUs`` for ``nbytes`` of corpus on a CPU
+    (``EMBED_BYTES_PER_CPU_SECOND``), for the engine line of a dense build: the lexical estimate
+    leaves it out, and on a CPU it is most of the build."""
+    from funnel.pipelines.progress import format_duration
+    n = max(1, cpus or os.cpu_count() or 1)
+    return f"; embedding (--dense) ~{format_duration(nbytes / (EMBED_BYTES_PER_CPU_SECOND * n))} more on {n} CPU(s)"
+
+
 def choose_engine(requested: str, nbytes: int, n_shards: int, cpus: int | None = None) -> tuple[str, str]:
     """(engine, why) for ``--engine``: ``ray`` or ``local`` as asked; ``auto`` decides by size.
 
@@ -136,10 +149,10 @@ def choose_engine(requested: str, nbytes: int, n_shards: int, cpus: int | None =
     est = nbytes / LOCAL_BYTES_PER_SECOND
     saved = est * (1 - 1 / p)
     if saved > RAY_FIXED_SECONDS:
-        return "ray", (f"auto: {_mib(nbytes)} of corpus, ~{est:.0f}s in-process; {p} shards in parallel on Ray "
-                       f"would save ~{saved:.0f}s, more than Ray's ~{RAY_FIXED_SECONDS:.0f}s start")
-    return "local", (f"auto: {_mib(nbytes)} of corpus and RAY_ADDRESS unset: ~{est:.0f}s in-process, where "
-                     f"Ray would add ~{RAY_FIXED_SECONDS:.0f}s of start-up and save ~{saved:.0f}s")
+        return "ray", (f"auto: {_mib(nbytes)} of corpus, ~{est:.0f}s in-process without embedding; {p} shards in "
+                       f"parallel on Ray would save ~{saved:.0f}s, more than Ray's ~{RAY_FIXED_SECONDS:.0f}s start")
+    return "local", (f"auto: {_mib(nbytes)} of corpus and RAY_ADDRESS unset: ~{est:.0f}s in-process without "
+                     f"embedding, where Ray would add ~{RAY_FIXED_SECONDS:.0f}s of start-up and save ~{saved:.0f}s")
 
 
 def choose_worker_files(shared_disk: bool | None, ray_info: dict, nodes_here: bool = False) -> tuple[bool, str]:
@@ -557,7 +570,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           shard_mib: int | None = None, limits: dict | None = None, fields=None,
           acl_absent: str = "public", passages=None, bm25_passages: bool = False,
           dense_memory_budget: int | str | None = None, include=(), exclude=(),
-          follow_links: bool = False) -> BuildReport:
+          follow_links: bool = False, embed_runtime: str = "auto") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
@@ -633,6 +646,12 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     shards, shards_why = choose_shards(requested_shards, nbytes,
                                        SHARD_TARGET_BYTES if shard_mib is None else shard_mib << 20)
     engine_name, engine_why = choose_engine(engine, nbytes, shards, num_cpus)
+    if dense:
+        from funnel.pipelines.embed import RUNTIME_CHOICES
+        if embed_runtime not in RUNTIME_CHOICES:
+            raise ValueError(f"unknown --embed-runtime {embed_runtime!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
+        if not (embed_model or "").startswith("openai:"):
+            engine_why += embed_estimate(nbytes, num_cpus)
     engine_info = {"name": engine_name, "requested": engine, "reason": engine_why, "corpus_bytes": nbytes}
     shard_info = {"n": shards, "requested": requested_shards if requested_shards is not None else "auto",
                   "reason": shards_why}
@@ -746,12 +765,13 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                                                     counter=counter, progress_seconds=progress_seconds,
                                                     actor_options=max_restarts(ray_info), ship=ship,
                                                     release_ray=ray_info.get("cluster") == "local",
-                                                    passages=passages, memory_budget=dense_memory_budget)
+                                                    passages=passages, memory_budget=dense_memory_budget,
+                                                    runtime=embed_runtime)
             else:
                 from funnel.jobs.local_engine import run_dense
                 manifest["dense"] = run_dense(staging, shards, embed_model, embed_batch_size, n_docs=n_docs,
                                               progress_seconds=progress_seconds, passages=passages,
-                                              memory_budget=dense_memory_budget)
+                                              memory_budget=dense_memory_budget, runtime=embed_runtime)
             timings["dense"] = round(time.time() - t, 2)
         if bm25_passages:
             t = time.time()
@@ -881,6 +901,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sentence-transformers model (name or local path), or openai:MODEL@BASE_URL for "
                         "an OpenAI-compatible /v1/embeddings endpoint (default: all-MiniLM-L6-v2)")
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
+    from funnel.pipelines.embed import RUNTIME_CHOICES
+    p.add_argument("--embed-runtime", choices=tuple(RUNTIME_CHOICES), default="auto",
+                   help="where a local embedding model runs: auto is torch on a GPU and onnxruntime fp32 on a CPU "
+                        "(the same vectors as torch's, no torch at query time); onnx-int8 is a faster, slightly "
+                        "different embedder whose index is queried with int8 too")
     p.add_argument("--passages", choices=("on", "off"), default="on",
                    help="on: split documents into passages of the embedder's window, one vector each, a "
                         "document scored by its best passage; off: one vector per document (its first window)")
@@ -955,7 +980,8 @@ def describe_report(rep: BuildReport) -> str:
         per = ""
         if rep.dense.get("passages"):
             per = f" (passages of {rep.dense['passages'].get('window')} tokens; a document scores its best)"
-        lines.append(f"  dense: {fp.get('model', '?')}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
+        rt = f" ({fp['runtime']} {fp['precision']})" if fp.get("runtime") else ""
+        lines.append(f"  dense: {fp.get('model', '?')}{rt}, {rep.dense.get('dim')}-d, FAISS {rep.dense.get('factory')}, "
                      f"{rep.dense.get('ntotal')} vectors{per}")
         if rep.dense.get("refine"):
             lines.append(f"  dense: IVF-Flat would exceed the memory budget ({rep.dense['memory_budget']:,} bytes): "
@@ -1016,7 +1042,8 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
     rep = build(a.corpus, a.out, shards=a.shards, strict=a.strict, fmt=a.fmt, id_field=a.id_field,
                 title_field=a.title_field, text_field=a.text_field, keep_versions=a.keep_versions,
                 dense=a.dense, embed_model=a.embed_model, embed_batch_size=a.embed_batch_size,
-                num_cpus=a.num_cpus, progress_seconds=a.progress_seconds, engine=a.engine,
+                embed_runtime=getattr(a, "embed_runtime", "auto"), num_cpus=a.num_cpus,
+                progress_seconds=a.progress_seconds, engine=a.engine,
                 shared_disk=getattr(a, "shared_disk", None), enrich=enrich_settings_from_args(a),
                 shard_mib=getattr(a, "shard_mib", None), limits=limits_from_args(a),
                 fields=getattr(a, "fields", None), acl_absent=getattr(a, "acl_absent", "public"),

@@ -36,9 +36,17 @@ log = logging.getLogger("funnel.build")
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
-def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
+def provider_spec(embed_model: str | None, batch_size: int, gpu: bool | None, runtime: str = "auto") -> dict:
     """``openai:MODEL@BASE_URL`` (or ``$FUNNEL_EMBED_BASE_URL``) selects an endpoint; anything
-    else names a sentence-transformers model (local path, package or HF cache)."""
+    else names a sentence-transformers model (local path, package or HF cache).
+
+    ``gpu``: True for Ray's GPU actors, False for its CPU actors (one thread each), None for this
+    process (the device it has). ``runtime`` (``--embed-runtime``, a ``RUNTIME_CHOICES`` name):
+    ``auto`` is torch on a GPU and ``CPU_RUNTIME`` (onnxruntime) on a CPU; with ``gpu`` None,
+    ``make_provider`` resolves it where the model loads."""
+    from funnel.pipelines.embed import CPU_RUNTIME, RUNTIME_CHOICES
+    if runtime not in RUNTIME_CHOICES:
+        raise ValueError(f"unknown --embed-runtime {runtime!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
     model = embed_model or DEFAULT_MODEL
     if model.startswith("openai:"):
         name, _, base = model[len("openai:"):].partition("@")
@@ -47,9 +55,27 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool) -> dict:
             spec["base_url"] = base
         return spec
     spec = {"kind": "sentence-transformers", "model": model, "batch_size": batch_size}
-    if not gpu:
+    name = runtime
+    if runtime == "auto" and gpu is not None:
+        name = "torch" if gpu else CPU_RUNTIME
+    rt, precision = RUNTIME_CHOICES[name]
+    if gpu and rt == "torch":
+        precision = "fp16"  # what the GPU actors run; a driver without a GPU then names it the same
+    spec["runtime"] = rt
+    if precision:
+        spec["precision"] = precision
+    if gpu is False:
         spec.update(device="cpu", num_threads=1)
+    elif rt == "onnx":
+        spec["device"] = "cpu"
     return spec
+
+
+def runtime_label(fingerprint: dict) -> str:
+    """``onnx fp32``, ``torch fp16``, ... (``endpoint`` for an OpenAI-compatible one)."""
+    if "runtime" not in fingerprint:
+        return "endpoint" if fingerprint.get("kind") == "openai" else "torch"
+    return f"{fingerprint['runtime']} {fingerprint['precision']}"
 
 
 def _counted_embed_cls():
@@ -59,9 +85,15 @@ def _counted_embed_cls():
     from funnel.pipelines.embed import EmbedBatch
 
     class CountedEmbedBatch(EmbedBatch):
-        def __init__(self, provider_spec: dict, cache_dir: str | None = None, counter=None):
+        def __init__(self, provider_spec: dict, cache_dir: str | None = None, counter=None,
+                     fingerprint: dict | None = None):
             super().__init__(provider_spec, cache_dir)
             self.counter = counter
+            if fingerprint is not None and self.provider.fingerprint() != fingerprint:
+                # e.g. a node where the ONNX export failed and torch took over: its vectors
+                # would be mixed with the driver's runtime's under the driver's fingerprint.
+                raise RuntimeError(f"embedding actor's model is {self.provider.fingerprint()}, the build's "
+                                   f"{fingerprint}: vectors of two runtimes would mix in one index")
 
         def __call__(self, batch: dict) -> dict:
             before = self.embedded
@@ -105,13 +137,15 @@ def gpu_actors(gpus: int, per_gpu: int | None = None) -> tuple[int, dict]:
 
 def embed_dataset(ds, spec: dict, *, batch_size: int, n_actors: int, actor_resources: dict,
                   tokenizer: dict | None = None, document_prompt: str = "", tokenize_actors: int = 1,
-                  cache_dir: str | None = None, counter=None, actor_options: dict | None = None):
+                  cache_dir: str | None = None, counter=None, actor_options: dict | None = None,
+                  fingerprint: dict | None = None):
     """``ds`` (``title``, ``text``, ...) -> the same rows plus ``embedding``: the build's embedding stage.
 
     ``n_actors`` embedding actors, each reserving ``actor_resources`` (``{"num_gpus": 1}`` on a
     GPU), take ``batch_size`` documents a call. With ``tokenizer`` (the provider's
     ``tokenizer_spec()``), a CPU stage of ``tokenize_actors`` actors turns the text into
     token ids first, so the embedding actors only run the model; without it they tokenize too.
+    ``fingerprint``: the model fingerprint every actor must have (the driver's probe's).
     Each tokenizer actor reserves half a CPU (the Rust tokenizer runs its own threads), which
     leaves a CPU for the read and repartition tasks on small machines: actors that hold every
     CPU stall those tasks and the stage with them.
@@ -133,7 +167,7 @@ def embed_dataset(ds, spec: dict, *, batch_size: int, n_actors: int, actor_resou
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         return ds.map_batches(_counted_embed_cls(),
                               fn_constructor_kwargs={"provider_spec": spec, "cache_dir": cache_dir,
-                                                     "counter": counter},
+                                                     "counter": counter, "fingerprint": fingerprint},
                               batch_size=batch_size, batch_format="numpy", **pool)
 
 
@@ -166,7 +200,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
                     nlist: int | None = None, n_docs: int | None = None, counter=None,
                     progress_seconds: float = DEFAULT_INTERVAL, actor_options: dict | None = None,
                     ship: bool = False, release_ray: bool = False, passages=None,
-                    memory_budget: int | None = None) -> dict:
+                    memory_budget: int | None = None, runtime: str = "auto") -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
 
     ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`, default: on) splits each
@@ -180,6 +214,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     object store (the vectors come back to this process either way).
     ``cache_dir`` is the embedding cache on each worker's machine.
     ``memory_budget``: bytes the FAISS lists may take at serving (``build_dense_index``).
+    ``runtime``: ``--embed-runtime`` (``provider_spec``); an onnxruntime model runs on CPU actors
+    even where Ray has GPUs.
     ``release_ray``: stop Ray once every vector is on this process's disk, before the vector
     shards are written and the FAISS stage; for a local Ray that funnel started for this build
     and nothing else uses. Its idle workers, spill workers and object store otherwise hold
@@ -193,12 +229,17 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     cpus = int(ray.cluster_resources().get("CPU", 1))
+    spec = provider_spec(embed_model, batch_size, gpus > 0, runtime)
+    if spec.get("runtime") == "onnx":
+        gpus = 0  # onnxruntime embeds on the CPU
     if gpus > 0:
-        batch_size = max(batch_size, GPU_BATCH)
-    spec = provider_spec(embed_model, batch_size, gpus > 0)
-    # Resolve the model on the driver first: a bad name fails here, before any actor starts.
+        batch_size = spec["batch_size"] = max(batch_size, GPU_BATCH)
+    # Resolve the model on the driver first: a bad name fails here, before any actor starts (and
+    # an ONNX export happens once, here, for the actors on this machine to find).
     probe = make_provider(spec)
     fingerprint = probe.fingerprint()
+    if "runtime" in fingerprint:  # a fallback to torch on the driver is the actors' runtime too
+        spec.update(runtime=fingerprint["runtime"], precision=fingerprint["precision"])
     dim = probe.dim
     # On GPUs, tokenisation is a CPU stage of its own (the GPU actors would otherwise wait on it).
     tokenizer = getattr(probe, "tokenizer_spec", lambda: None)() if gpus > 0 else None
@@ -211,8 +252,8 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
         n_actors, res = gpu_actors(gpus)
     else:
         n_actors, res = max(1, min(cpus, 8)), {"num_cpus": 0.5}
-    log.info("embed: %s documents with %s on %d %s actor(s)%s", f"{n_docs:,}" if n_docs is not None else "all",
-             fingerprint["model"], n_actors, "GPU" if gpus else "CPU",
+    log.info("embed: %s documents with %s (%s) on %d %s actor(s)%s", f"{n_docs:,}" if n_docs is not None else "all",
+             fingerprint["model"], runtime_label(fingerprint), n_actors, "GPU" if gpus else "CPU",
              ", tokenized by a CPU stage" if tokenizer is not None else "")
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
@@ -225,7 +266,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     ds = embed_dataset(ds, spec, batch_size=batch_size, n_actors=n_actors, actor_resources=res,
                        tokenizer=tokenizer, document_prompt=document_prompt,
                        tokenize_actors=max(1, min(8, cpus // 2)), cache_dir=cache_dir,
-                       counter=counter, actor_options=actor_options)
+                       counter=counter, actor_options=actor_options, fingerprint=fingerprint)
     span_columns = ["ordinal", "char_start", "char_end"] if split is not None else []
     ds = ds.select_columns(["shard", "local_id", "embedding"] + span_columns)
 

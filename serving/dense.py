@@ -19,6 +19,13 @@ passages, from ``dense/emb-NNNN.npy`` memory-mapped). Every returned score is ex
 results have the shape and the scores an IVF-Flat index gives; only a document the PQ
 shortlist missed can be absent.
 
+Runtimes (DESIGN.md, "Embedding runtime on a CPU"): the fingerprint names the runtime and
+precision the vectors came from. Torch fp32, torch fp16 (GPU builds) and onnxruntime fp32 give
+the same vectors to float rounding (cosine >= 0.999, checked when a model is exported), so an
+index built with any of them is queried with onnxruntime fp32, which needs no torch import
+(:func:`query_spec`); an int8 index is a different embedder and is queried with int8 only
+(:func:`check_fingerprint` refuses anything else).
+
 Thread-safe once opened: shard indexes are read-only (``nprobe`` is passed per search,
 never set on the shared index) and the query-embedding LRU cache is lock-protected.
 """
@@ -34,7 +41,7 @@ from collections import OrderedDict
 import numpy as np
 
 from funnel.pipelines.artifacts import IndexFormatError
-from funnel.pipelines.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name
+from funnel.pipelines.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name, runtime_name
 from funnel.pipelines.vectors import REFINE_K_FACTOR, ExactScorer, first_distinct, read_index, search_shards
 
 log = logging.getLogger(__name__)
@@ -57,12 +64,35 @@ def _normalized(fp: dict) -> dict:
     return out
 
 
+def vector_family(fp: dict | None) -> str:
+    """Which runtimes' vectors agree with this fingerprint's to float rounding: ``int8`` for an
+    int8 model, ``float`` for torch fp32/fp16, onnxruntime fp32, an endpoint, or a fingerprint
+    that predates runtimes (torch)."""
+    return "int8" if (fp or {}).get("precision") == "int8" else "float"
+
+
+def query_spec(fp: dict) -> dict:
+    """The provider spec that embeds queries for an index built with fingerprint ``fp``.
+
+    A local model runs on onnxruntime on the CPU: fp32 for a float index (whatever runtime built
+    it: the vectors agree), int8 for an int8 one. Where ONNX cannot be made, ``make_provider``
+    falls back to torch fp32, which a float index accepts and an int8 index refuses
+    (:func:`check_fingerprint`). An endpoint's spec is its fingerprint's.
+    """
+    keys = ("kind", "model", "normalize", "query_prompt", "document_prompt")
+    spec = {k: fp[k] for k in keys if k in fp}
+    if spec.get("kind", "sentence-transformers") == "sentence-transformers":
+        spec.update(device="cpu", runtime="onnx", precision="int8" if vector_family(fp) == "int8" else "fp32")
+    return spec
+
+
 def check_fingerprint(index_fp: dict, provider_fp: dict) -> None:
     """Raise ``ValueError`` if the query-time provider cannot search this index.
 
     Compares model (aliases resolved), dim, normalize and both prompts; ``kind`` may
     differ (an index built in-process can be queried through an endpoint serving the
-    same model).
+    same model), and so may the runtime within one :func:`vector_family` (an index built
+    with torch is queried with onnxruntime fp32); an int8 index takes int8 queries only.
 
     Raises
     ------
@@ -72,10 +102,20 @@ def check_fingerprint(index_fp: dict, provider_fp: dict) -> None:
     """
     a, b = _normalized(index_fp), _normalized(provider_fp)
     differs = [f for f in FINGERPRINT_FIELDS if a[f] != b[f]]
+    if not differs and vector_family(index_fp) != vector_family(provider_fp):
+        raise ValueError(
+            f"index vectors were embedded with runtime {runtime_name(index_fp)} ({index_fp.get('precision', 'fp32')}), "
+            f"queries would be embedded with {runtime_name(provider_fp)} ({provider_fp.get('precision', 'fp32')}): "
+            "int8 and float vectors are different embedders; query with the index's runtime "
+            f"(make_provider runtime='onnx', precision='{index_fp.get('precision', 'fp32')}'; install onnxruntime "
+            "and onnx if it fell back to torch) or rebuild with --embed-runtime onnx")
     if not differs:
         if index_fp.get("kind") != provider_fp.get("kind"):
             log.info("dense index built with %s provider, queried with %s (same model and settings)",
                      index_fp.get("kind"), provider_fp.get("kind"))
+        elif runtime_name(index_fp) != runtime_name(provider_fp):
+            log.info("dense index embedded with %s, queries with %s (the same vectors to float rounding)",
+                     runtime_name(index_fp), runtime_name(provider_fp))
         return
     detail = "; ".join(f"{f}: index {a[f]!r}, provider {b[f]!r}" for f in differs
                        if f not in ("model", "dim"))

@@ -99,16 +99,11 @@ class DenseMode:
 
                     from funnel.pipelines.embed import make_provider
 
-                    from .dense import DenseIndex
+                    from .dense import DenseIndex, query_spec
                     m = self.index.manifest["dense"]
                     provider = self.embedder
-                    if provider is None:
-                        fp = m["fingerprint"]
-                        keys = ("kind", "model", "normalize", "query_prompt", "document_prompt")
-                        spec = {k: fp[k] for k in keys if k in fp}
-                        if spec.get("kind", "sentence-transformers") == "sentence-transformers":
-                            spec["device"] = "cpu"
-                        provider = make_provider(spec)
+                    if provider is None:  # onnxruntime where it can (no torch import): dense.query_spec
+                        provider = make_provider(query_spec(m["fingerprint"]))
                     self._dense = DenseIndex.open(os.path.join(self.index.dir, "dense"), m, provider,
                                                   passages=self._passages)
                     self._passages = self._dense.passages

@@ -91,8 +91,9 @@ def test_relevant_document_scores_higher(provider):
 
 def test_fingerprint_fields(provider):
     fp = provider.fingerprint()
+    local = {"runtime": "torch", "precision": "fp32"} if provider.kind == "sentence-transformers" else {}
     assert fp == {"kind": provider.kind, "model": "sentence-transformers/all-MiniLM-L6-v2", "dim": 384,
-                  "normalize": True, "query_prompt": "", "document_prompt": ""}
+                  "normalize": True, "query_prompt": "", "document_prompt": "", **local}
     assert fp["kind"] in ("sentence-transformers", "openai")
     json.dumps(fp)  # goes into manifest.json as is
 
