@@ -471,6 +471,8 @@ EXPECT = [
     Expect("docs/corpora-and-formats.md", r"--strict", r"^refused: CURRENT still names v000001$"),
     Expect("docs/corpora-and-formats.md", r"^funnel search \.funnel/indexes/notes \"what happens", r"\[n3\]"),
     Expect("docs/corpora-and-formats.md", r"^funnel search \.funnel/indexes/parquet", r"\[p2\] Row groups"),
+    Expect("docs/corpora-and-formats.md", r"--include 'runbooks/\*\*'", r"^  files: 2 read .*, 2 excluded \(\.funnelignore\)$"),
+    Expect("docs/corpora-and-formats.md", r"^funnel search \.funnel/indexes/one-page", r"^1\. \[disk-full\.md\]"),
     Expect("docs/building-at-scale.md", r"^python -c .*\['build'\]", r"^ray 2$"),
     Expect("docs/retrieval-modes.md", r"--proposer prf --json", r"^\[.*'\w+'.*\]$"),
     Expect("docs/retrieval-modes.md", r"--context-tokens", r"^context \(\d+ passages, U-shaped\)"),
