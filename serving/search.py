@@ -174,17 +174,27 @@ class VersionSearcher:
         self.index.close()
 
     def warm(self) -> float:
-        """Answer one BM25 query (the first words of the first document), for a server about
-        to take requests: its first request then does not pay for loading numba's compiled
-        kernels and this version's tables (~0.5 s). Returns the seconds taken. Never raises:
-        where it fails, the server starts anyway and its first request pays instead."""
+        """Answer one query (the first words of the first document) in BM25 and, where the
+        version has vectors, in hybrid mode, for a server about to take requests: its first
+        request then does not pay for loading numba's compiled kernels and this version's
+        tables (~0.5 s), nor for loading the query embedder and its first embedding (seconds
+        with torch; ``query embedder ... ready in`` is logged). Returns the seconds taken.
+        Never raises: where it fails, the server starts anyway and its first request pays."""
         t = time.perf_counter()
         try:
             docs = self.index.docs
             first = next((s for s in range(docs.n_shards) if docs.shard_size(s)), None)
             if first is not None:
                 d = docs.get(first << 32)
-                self.search(" ".join(f"{d['title'] or ''} {d['text'] or ''}".split()[:8]) or "a", k=10)
+                words = " ".join(f"{d['title'] or ''} {d['text'] or ''}".split()[:8]) or "a"
+                self.search(words, mode="bm25", k=10)
+                if self.dense_mode.available:
+                    e = time.perf_counter()
+                    dense = self.dense_mode.dense()
+                    dense.provider.embed_query("warm-up")  # not cached under a query anyone asks
+                    log.info("query embedder %s (%s) ready in %.2fs", dense.provider.name,
+                             type(dense.provider).__name__, time.perf_counter() - e)
+                    self.search(words, mode="hybrid", k=10)
         except Exception as e:  # noqa: BLE001 - a warm-up must not stop a server from starting
             log.warning("warm-up query on %s failed (%s: %s); the first request pays for it instead",
                         self.version, type(e).__name__, e)

@@ -192,3 +192,18 @@ def test_queries_embed_with_the_index_runtime_family(small_dense, torch_provider
     assert int8.dense_mode.dense().provider.precision == "int8"
     with pytest.raises(ValueError, match="int8 and float vectors are different embedders"):
         open_index(small_dense["onnx-int8"], embedder=torch_provider).search(q, mode="dense", k=3)
+
+
+def test_warm_loads_the_query_embedder(small_dense):
+    """A server's warm-up (VersionSearcher.warm, before it listens) leaves nothing for the first
+    hybrid request to load: the dense index is open and its embedder has a session, so that
+    request creates no onnxruntime session."""
+    from funnel.pipelines import onnx_embed
+    from funnel.serving.search import open_index
+    ix = open_index(small_dense["onnx-int8"])
+    assert ix.warm() > 0
+    assert ix.dense_mode._dense is not None
+    sessions = dict(onnx_embed._SESSIONS)
+    assert any(path.endswith("model.int8.onnx") for path, _ in sessions)
+    assert ix.search("thunder and lightning", mode="hybrid", k=3).hits
+    assert onnx_embed._SESSIONS == sessions
