@@ -77,6 +77,11 @@ class OnnxUnavailable(RuntimeError):
     """The model cannot run on onnxruntime here; the message says why."""
 
 
+class ModelNotExportable(OnnxUnavailable):
+    """This model's export is refused (its layout, pooling or tokenizer, or a disagreement with
+    torch): the verdict is kept beside the cache so later processes do not load torch again."""
+
+
 def onnx_cache_root() -> str:
     """``$FUNNEL_CACHE/onnx``, else ``~/.cache/funnel/onnx``."""
     base = os.environ.get("FUNNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "funnel")
@@ -155,13 +160,13 @@ def _export(model_path: str, out: str) -> None:
     model = st.model
     kinds = [type(m).__name__ for m in model]
     if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
-        raise OnnxUnavailable(f"module layout {kinds} is not Transformer, Pooling[, Normalize]")
+        raise ModelNotExportable(f"module layout {kinds} is not Transformer, Pooling[, Normalize]")
     modes = _pooling_modes(model[1])
     if not modes or any(m not in POOLING_MODES for m in modes):
-        raise OnnxUnavailable(f"pooling mode {modes} is not implemented for ONNX (only {', '.join(POOLING_MODES)})")
+        raise ModelNotExportable(f"pooling mode {modes} is not implemented for ONNX (only {', '.join(POOLING_MODES)})")
     spec = st.tokenizer_spec()
     if spec is None:
-        raise OnnxUnavailable("the model's tokenizer has no fast (Rust) tokenizer, or lower-cases in Python")
+        raise ModelNotExportable("the model's tokenizer has no fast (Rust) tokenizer, or lower-cases in Python")
     tok = model.tokenizer
     auto = model[0].auto_model
     if hasattr(auto, "set_attn_implementation"):  # the eager graph is what onnxruntime's fusion recognises
@@ -278,7 +283,7 @@ def _check(out: str, meta: dict, precision: str, probe: np.ndarray) -> float:
     got = _l2_normalize(enc.encode(list(PROBE_TEXTS)))
     cos = float(np.min(np.sum(got * probe, axis=1)))
     if not cos >= EXPORT_MIN_COSINE[precision]:
-        raise OnnxUnavailable(f"the {precision} ONNX export disagrees with torch (least cosine {cos:.5f} < "
+        raise ModelNotExportable(f"the {precision} ONNX export disagrees with torch (least cosine {cos:.5f} < "
                               f"{EXPORT_MIN_COSINE[precision]})")
     return cos
 
@@ -301,20 +306,33 @@ def ensure_exported(model_path: str, precision: str = "fp32", root: str | None =
     target = os.path.join(final, f"model.{precision}.onnx")
     if os.path.exists(target):
         return final
-    os.makedirs(root, exist_ok=True)
+    try:
+        return _export_locked(model_path, precision, final, target)
+    except OSError as e:  # a cache folder this process cannot write, a full disk
+        raise OnnxUnavailable(f"cannot write the ONNX export under {root} ({e}): set FUNNEL_CACHE to a "
+                              "writable folder") from e
+
+
+def _export_locked(model_path: str, precision: str, final: str, target: str) -> str:
+    os.makedirs(os.path.dirname(final), exist_ok=True)
     with open(final + ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one exporter per model; the others wait, then find it
         try:
             if not os.path.exists(os.path.join(final, "model.fp32.onnx")):
                 failed = final + ".failed"
                 if os.path.exists(failed):  # refused before in this cache: do not pay torch again
-                    raise OnnxUnavailable(open(failed).read().strip() + f" (cached verdict: remove {failed} to retry)")
+                    raise ModelNotExportable(open(failed).read().strip() + f" (cached verdict: remove {failed} to retry)")
                 log.info("exporting %s to ONNX in %s (once per model)", model_path, final)
                 tmp = f"{final}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
                 os.makedirs(tmp)
                 try:
-                    _export(model_path, tmp)
-                except OnnxUnavailable as e:
+                    try:
+                        _export(model_path, tmp)
+                    except (OnnxUnavailable, OSError):
+                        raise
+                    except Exception as e:  # the exporter or the optimizer cannot take this model
+                        raise ModelNotExportable(f"exporting failed ({type(e).__name__}: {e})") from e
+                except ModelNotExportable as e:  # about the model, not this machine: keep the verdict
                     with open(failed, "w") as f:
                         f.write(str(e))
                     raise
@@ -323,7 +341,12 @@ def ensure_exported(model_path: str, precision: str = "fp32", root: str | None =
                         shutil.rmtree(tmp, ignore_errors=True)
                 os.rename(tmp, final)
             if precision == "int8" and not os.path.exists(target):
-                _quantize(final)
+                try:
+                    _quantize(final)
+                except (OnnxUnavailable, OSError):
+                    raise
+                except Exception as e:  # noqa: BLE001 - the quantizer cannot take this graph
+                    raise OnnxUnavailable(f"int8 quantization failed ({type(e).__name__}: {e})") from e
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return final

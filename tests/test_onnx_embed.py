@@ -207,3 +207,25 @@ def test_warm_loads_the_query_embedder(small_dense):
     assert any(path.endswith("model.int8.onnx") for path, _ in sessions)
     assert ix.search("thunder and lightning", mode="hybrid", k=3).hits
     assert onnx_embed._SESSIONS == sessions
+
+
+def test_progress_counts_passages_as_they_are_embedded(onnx):
+    """What the in-process build's progress line reads (issue 49: a dense build of long documents
+    showed 0 passages for 24 minutes): embed_passages reports every ``batch_size`` passages, and
+    a document where its last passage is embedded, not when its whole batch is."""
+    from funnel.pipelines.embed import EmbedBatch
+    from funnel.pipelines.passages import PassageSettings, embed_passages, splitter_spec
+    embed = EmbedBatch({"model": "all-MiniLM-L6-v2", "runtime": "onnx", "batch_size": 8})
+    spec = splitter_spec(embed.provider, PassageSettings(window=32, split_above=1.0))
+    long = " ".join(f"word{i} rain cloud" for i in range(120))
+    texts = [long, "a short one", long + " storm"]
+    batch = {"title": np.array(["", "", ""], dtype=object), "text": np.array(texts, dtype=object),
+             "content_hash": np.array(["h0", "h1", "h2"], dtype=object), "local_id": np.arange(3)}
+    calls = []
+    vecs, rows = embed_passages(embed, spec, batch, 8, progress=lambda p, d: calls.append((p, d)))
+    n = len(vecs)
+    assert n > 16 and [p for p, _ in calls] == [min(8, n - j) for j in range(0, n, 8)]
+    last = np.flatnonzero(np.append(rows[1][1:] == 0, True))  # a document's last passage
+    assert len(last) == 3
+    assert [d for _, d in calls] == [int(((last >= j) & (last < j + 8)).sum()) for j in range(0, n, 8)]
+    assert calls[0] == (8, 0)  # the first passages of a long document finish no document
