@@ -187,6 +187,10 @@ def _all_files(fs: pafs.FileSystem, root: str, spec: CorpusSpec) -> list[str]:
     from .selection import Rules
     from .walk import walk_local
     walk = walk_local(root, Rules(), follow_links=spec.follow_links, skip_hidden=False)
+    for rel, _, why in walk.rejects[:5]:  # a data folder's rows have no place for these: said here
+        log.warning("corpus folder %s: %s not read: %s", spec.path, rel, why)
+    if len(walk.rejects) > 5:
+        log.warning("corpus folder %s: %d more entries not read (links, names)", spec.path, len(walk.rejects) - 5)
     return sorted(f.path for f in walk.files)
 
 

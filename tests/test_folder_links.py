@@ -169,3 +169,19 @@ def test_a_link_inside_the_folder_to_a_hidden_or_excluded_path_is_not_read(tmp_p
     rows, rejects = folder_mod.read_folder(str(root))
     assert [r["doc_id"] for r in rows] == ["a.md"] and rejects == []
     assert folder_mod._LISTINGS[str(root)].summary()["hidden"] == 2  # .private, and the link to it
+
+
+def test_a_folder_of_data_files_does_not_follow_links_out_either(tmp_path, caplog):
+    """The search for JSONL and Parquet files walks the folder the same way: a link out of it
+    is not read, and a warning names it (rows have no place for such a reject)."""
+    from funnel.pipelines.corpus import CorpusSpec, resolve_files
+    out = _outside(tmp_path)
+    (out / "rows.jsonl").write_text(json.dumps({"_id": "x", "text": "outside row"}) + "\n")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "a.jsonl").write_text(json.dumps({"_id": "1", "text": "inside row"}) + "\n")
+    os.symlink(out / "rows.jsonl", root / "b.jsonl")
+    assert resolve_files(CorpusSpec(str(root)))[1:] == ([str(root / "a.jsonl")], "jsonl")
+    assert "b.jsonl not read: symbolic link to" in caplog.text
+    assert resolve_files(CorpusSpec(str(root), follow_links=True))[1] == [str(root / "a.jsonl"),
+                                                                          str(out / "rows.jsonl")]
