@@ -84,7 +84,7 @@ NOT_RUN = {
     "docs/bm25-lucene-parity.md": 1,  # Lucene's reference files in ../shared/data
 }
 NOT_RUN_MARK = re.compile(r"^<!--\s*not-run:\s*(.*?)\s*-->\s*$")
-NO_CHECK = {"kubectl", "docker", "export", "source", "cd", "aws"}  # not here, or nothing to check
+NO_CHECK = {"kubectl", "docker", "export", "source", "cd", "aws", "mkdir", "curl", "unzip"}  # not here, or nothing to check
 
 
 # -- reading the pages --------------------------------------------------------------------
