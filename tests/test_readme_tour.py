@@ -482,7 +482,7 @@ EXPECT = [
     Expect("docs/http-api.md", r"/documents -H", r'"missing": ?\["nope"\]'),
     Expect("docs/http-api.md", r"/status -H", r'"access_control": ?false, ?"restricted": ?false'),
     Expect("docs/mcp-tools.md", r"^import asyncio\n\nfrom mcp import ClientSession, StdioServerParameters",
-           r"\['search', 'get_document', 'get_documents', 'term_stats', 'status'\]\nFound 3 documents"),
+           r"\['search', 'get_document', 'get_documents', 'list_documents', 'term_stats', 'status'\]\nFound 3 documents"),
     Expect("docs/mcp-tools.md", r"streamable_http_client", r"^vitamin -> vitamin: df \d+"),
     Expect("docs/python-api.md", r"reindex\(", r"^False 3 0 0 0$"),
     Expect("docs/evaluation.md", r"^funnel compare ", r"^McNemar \(b=\d+, c=\d+\)"),
