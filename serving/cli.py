@@ -2,7 +2,7 @@
 
     funnel build --corpus PATH --out INDEX_ROOT [--shards N] [--dense]   (the Ray job)
     funnel reindex --index INDEX_ROOT --corpus PATH [--dense] [--keep N]  (only what changed)
-    funnel search INDEX_ROOT "query" [--mode bm25] [--k 10] [--json] [--fusion rrf ...]
+    funnel search INDEX_ROOT "query" [--mode hybrid] [--k 10] [--budget 1000] [--json] [--fusion rrf ...]
     funnel search INDEX_ROOT --queries queries.jsonl --mode bm25 --k 100 --run out.trec
     funnel eval --dataset BEIR_DIR [--index INDEX_ROOT] [--modes bm25,dense] [--check MATRIX]
     funnel compare RUN_A RUN_B --qrels QRELS
@@ -295,28 +295,16 @@ def _writable_file(path: str, flag: str) -> None:
 
 
 def print_hits(res, width: int = 100) -> None:
-    """A result for a terminal: each hit once (rank, score, doc id, title), why it matched
-    and its snippet indented below."""
-    if not res.hits:
-        print(res.summary)
-        return
-    print(f"Found {len(res.hits)} documents for {res.query!r} ({res.mode}):")
-    pad = " " * 6
-
-    def block(text: str, first: str, rest: str) -> None:
-        print(textwrap.fill(" ".join(text.split()), width, initial_indent=first, subsequent_indent=rest))
-
-    for h in res.hits:
-        print(f"{h.rank:>3}.  {h.score:.4f}  [{h.doc_id}] {h.title or ''}".rstrip())
-        if h.why:
-            block(h.why, pad, pad)
-        if h.snippet:
-            block(h.snippet, pad + "> ", pad + "  ")
+    """A result for a terminal: its summary (the ranked hits with their best passages quoted,
+    within the search's token budget: ``serving.summary``), then the packed context if asked."""
+    print(res.summary)
     context = res.trace.get("context")
     if context:
+        pad = " " * 6
         print(f"\ncontext ({len(context)} passages, U-shaped):")
         for c in context:
-            block(f"[{c['doc_id']}] {c['text']}", pad, pad)
+            print(textwrap.fill(" ".join(f"[{c['doc_id']}] {c['text']}".split()), width, initial_indent=pad,
+                                subsequent_indent=pad))
 
 
 def _read_filter(text: str) -> str:
@@ -344,6 +332,8 @@ def cmd_search(a) -> int:
         return _err('give a query ("funnel search INDEX \\"text\\"") or --queries FILE --run OUT')
     if a.queries and hasattr(a, "context_tokens"):
         return _err("--context-tokens packs the context of one query; a run file has none")
+    if a.queries and (hasattr(a, "budget") or hasattr(a, "passages_per_hit")):
+        return _err("--budget and --passages-per-hit shape the summary of one query; a run file has none")
     if hasattr(a, "expand") and not a.chat:
         return _err("--expand asks an LLM for query expansions: give its endpoint with --chat BASE_URL#MODEL")
     if a.remove_query and not a.queries:
@@ -361,6 +351,7 @@ def cmd_search(a) -> int:
         from funnel.evaluation.trec import ANSERINI_MODES, read_queries, write_run_rows
         queries = read_queries(a.queries)
         errors: dict[str, str] = {}
+        a.mode = a.mode or ix.default_mode()
         rows = ix.search_batch_rows(queries, mode=a.mode, k=a.k, remove_query=a.remove_query, errors=errors,
                                     **opts)
         # BM25 runs are written the way Anserini writes them (scores to 4 decimals, ties apart
@@ -375,7 +366,8 @@ def cmd_search(a) -> int:
             if len(errors) > SHOW_SKIPPED:
                 print(f"  ... and {len(errors) - SHOW_SKIPPED} more", file=sys.stderr)
         return 0
-    res = ix.search(a.query, mode=a.mode, k=a.k, **opts)
+    res = ix.search(a.query, mode=a.mode, k=a.k, budget=getattr(a, "budget", None),
+                    passages_per_hit=getattr(a, "passages_per_hit", None), **opts)
     if a.json:
         print(json.dumps(res.to_dict(), ensure_ascii=False, indent=2))
     else:
@@ -629,7 +621,8 @@ def _add_search_parser(sub, common) -> None:
                                    "this call. An option the mode does not take is refused.")
     s.add_argument("index", help="INDEX_ROOT (the folder holding CURRENT) or one version folder")
     s.add_argument("query", nargs="?", help="the text to search for (or use --queries)")
-    s.add_argument("--mode", default="bm25", choices=MODES, metavar="MODE", help="retrieval mode: %(choices)s")
+    s.add_argument("--mode", default=None, choices=MODES, metavar="MODE",
+                   help="retrieval mode: %(choices)s (default: hybrid where the index has vectors, else bm25)")
     s.add_argument("--k", type=int, default=10, help="how many documents to return per query")
     s.add_argument("--json", action="store_true", help="print the full result (summary, hits, trace) as JSON")
     s.add_argument("--verify", choices=["none", "sizes", "cached", "full"], default="cached",
@@ -717,7 +710,12 @@ def _add_search_parser(sub, common) -> None:
     s.add_argument("--filter", default=None, metavar="JSON",
                    help='only documents whose fields match, e.g. \'{"kind": "runbook", "year": {"gte": 2024}}\' '
                         '(or @FILE); the same JSON as the HTTP and MCP "filter"; one query or a --queries batch (default: none)')
-    ctx = s.add_argument_group("context (any mode, one query)")
+    ctx = s.add_argument_group("summary and context (any mode, one query)")
+    ctx.add_argument("--budget", type=_positive_int, default=argparse.SUPPRESS,
+                     help="most tokens of the printed summary: the hits with their best passages quoted, "
+                          "100..32000 (default: 1000)")
+    ctx.add_argument("--passages-per-hit", dest="passages_per_hit", type=_positive_int, default=argparse.SUPPRESS,
+                     help="ranked passages each hit carries in --json, 1..10 (default: 1)")
     ctx.add_argument("--context-tokens", dest="context_tokens", type=_positive_int, default=argparse.SUPPRESS,
                      help="pack the hits' best passages into this many tokens, U-shaped (default: off)")
     s.set_defaults(fn=cmd_search)

@@ -15,7 +15,9 @@ the same document, drop duplicates, fit a token budget, and order the result "U-
   ``p1, p3, p4, ..., pn, p2``.
 
 The default token counter is ``approx_tokens``: ``ceil(4/3 · words)``, OpenAI's rule of
-thumb of ~0.75 English words per BPE token; pass a real tokenizer's counter for exactness.
+thumb of ~0.75 English words per BPE token, and at least ``ceil(characters / 6)``, so text
+with few spaces (a URL, a base64 blob, a language written without spaces) still counts for
+its length; pass a real tokenizer's counter for exactness.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 #: Tokens per whitespace word in ``approx_tokens``.
 TOKENS_PER_WORD = 4 / 3
+#: ``approx_tokens`` counts at least one token per this many characters. English prose
+#: averages ~6 characters a word with its space, so the word count decides there; a long
+#: run without spaces is counted by its length instead.
+CHARS_PER_TOKEN = 6
 #: Passages at most this many characters apart in one document are merged.
 MERGE_GAP = 1
 #: Text put between two merged passages that do not touch.
@@ -43,8 +49,11 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
 def approx_tokens(text: str, tokens_per_word: float = TOKENS_PER_WORD) -> int:
-    """``ceil(tokens_per_word · number of whitespace words)``."""
-    return math.ceil(len(text.split()) * tokens_per_word)
+    """``max(ceil(tokens_per_word · whitespace words), ceil(characters / CHARS_PER_TOKEN))``.
+
+    Subadditive: a text joined from parts with whitespace counts at most the sum of the
+    parts' counts, each part counted with its separator (what budget fitting relies on)."""
+    return max(math.ceil(len(text.split()) * tokens_per_word), -(-len(text) // CHARS_PER_TOKEN))
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,8 @@ def _best_first(p: Passage) -> tuple:
 def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int],
                        min_sentence_fraction: float = MIN_SENTENCE_FRACTION) -> str:
     """The longest prefix of ``text`` within ``budget`` tokens, cut at a sentence end if
-    one keeps at least ``min_sentence_fraction`` of it, else at a word boundary."""
+    one keeps at least ``min_sentence_fraction`` of it, else at a word boundary; where not
+    even the first word fits (a run of characters without spaces), at a character."""
     ends = [m.end() for m in re.finditer(r"\S+", text)]
     lo, hi = 0, len(ends)  # binary search the number of words that fit
     while lo < hi:
@@ -133,7 +143,7 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
         else:
             hi = mid - 1
     if lo == 0:
-        return ""
+        return _longest_prefix(text[:ends[0]] if ends else "", budget, count_tokens)
     prefix = text[:ends[lo - 1]]
     sentence_ends = [m.end() for m in _SENTENCE_END.finditer(prefix + " ")]
     if sentence_ends:
@@ -141,6 +151,18 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
         if len(prefix[:cut].split()) >= min_sentence_fraction * lo:
             return prefix[:cut]
     return prefix
+
+
+def _longest_prefix(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
+    """The longest character prefix of ``text`` within ``budget`` tokens (binary search)."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(text[:mid]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo].strip()
 
 
 def u_shape(passages: list[Passage]) -> list[Passage]:

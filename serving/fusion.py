@@ -44,6 +44,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 #: RRF smoothing constant (Cormack et al. 2009).
@@ -197,6 +199,49 @@ def _ranked(entries: list[tuple[Hashable, float, dict[str, int], dict[str, float
     entries.sort(key=lambda e: (-e[1], min(e[2].values()), _key_order(e[0])))
     return [Fused(key=key, score=score, rank=i, ranks=ranks, contributions=contrib, bonus=b)
             for i, (key, score, ranks, contrib, b) in enumerate(entries, start=1)]
+
+
+def rrf_arrays(ranks: Mapping[str, np.ndarray], k: float = RRF_K,
+               weights: Mapping[str, float] | None = None) -> np.ndarray:
+    """:func:`rrf`'s scores (no bonus) for items given as arrays: ``ranks[name][i]`` is item
+    ``i``'s 1-based rank in list ``name``, 0 where the list lacks it. ``Σ w / (k + rank)``
+    over the lists holding each item, in one vectorized pass (passages of a search's top
+    documents are fused this way, hundreds at a time)."""
+    w = _check_weights(list(ranks), weights, default=1.0)
+    n = len(next(iter(ranks.values()))) if ranks else 0
+    out = np.zeros(n)
+    for name, r in ranks.items():
+        r = np.asarray(r, dtype=np.float64)
+        out += np.where(r > 0, w[name] / (k + np.maximum(r, 1.0)), 0.0)
+    return out
+
+
+def convex_arrays(scores: Mapping[str, np.ndarray], weights: Mapping[str, float],
+                  all_equal: float = ALL_EQUAL_NORMALIZED) -> np.ndarray:
+    """:func:`convex`'s scores (min-max) for items given as arrays: ``scores[name][i]`` is
+    item ``i``'s score in list ``name``, NaN where the list lacks it (it then adds 0)."""
+    w = _check_weights(list(scores), weights, default=0.0)
+    n = len(next(iter(scores.values()))) if scores else 0
+    out = np.zeros(n)
+    for name, s in scores.items():
+        s = np.asarray(s, dtype=np.float64)
+        have = ~np.isnan(s)
+        if not have.any():
+            continue
+        lo, hi = s[have].min(), s[have].max()
+        norm = np.full(n, float(all_equal)) if hi == lo else (s - lo) / (hi - lo)
+        out += np.where(have, w[name] * norm, 0.0)
+    return out
+
+
+def ranks_of(scores: np.ndarray) -> np.ndarray:
+    """1-based rank of each item by score, best first, ties by position; 0 for NaN."""
+    scores = np.asarray(scores, dtype=np.float64)
+    have = np.flatnonzero(~np.isnan(scores))
+    order = have[np.lexsort((have, -scores[have]))]
+    out = np.zeros(len(scores), dtype=np.int64)
+    out[order] = np.arange(1, len(order) + 1)
+    return out
 
 
 # --------------------------------------------------------------------------- public API

@@ -4,8 +4,11 @@
                             [--max-body-bytes 1048576] [--body-timeout 30] [--header-timeout 10]
                             [--keep-alive-timeout 5] [--max-connections 256]
 
-    POST /search            {"query": "...", "mode": "bm25", "k": 10, "options": {}}
+    POST /search            {"query": "...", "mode": "hybrid", "k": 10, "budget": 1000, "options": {}}
                             -> SearchResult.to_dict(): {query, mode, summary, hits, trace}
+                               (mode: default hybrid where the index has vectors, else bm25;
+                               summary: the hits with their best passages quoted, within
+                               budget tokens)
     GET  /documents/{id}?start=&end=
                             -> {doc_id, title, text, content_hash, shard, local_id, start, end,
                                 length, line_start, line_end, truncated, next_start}
@@ -71,7 +74,9 @@ from .documents import MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_PATTERN_CHARS
 from .connections import ConnectionLimits, uvicorn_config
 from .safejson import nesting_depth
 from .scrub import ScrubConfig, start_scrub
-from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, ModeUnavailable, Searcher, SearchError, open_index
+from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, ModeUnavailable, Searcher,
+                     SearchError, open_index)
+from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +122,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
 }
 
 # search() parameters that may not be smuggled in through "options".
-_RESERVED_OPTIONS = frozenset({"query", "mode", "k"})
+_RESERVED_OPTIONS = frozenset({"query", "mode", "k", "budget", "passages_per_hit"})
 
 
 def is_loopback(host: str) -> bool:
@@ -227,8 +232,15 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: Text = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the text to search for")
-    mode: Text = Field("bm25", max_length=MAX_MODE_CHARS, description="retrieval mode, e.g. bm25, dense, hybrid")
+    mode: Text | None = Field(None, max_length=MAX_MODE_CHARS,
+                              description="retrieval mode, e.g. bm25, dense, hybrid (default: hybrid where the index "
+                                          "has vectors, else bm25)")
     k: StrictInt = Field(10, ge=1, le=MAX_K, description="number of hits to return")
+    budget: StrictInt | None = Field(None, ge=MIN_BUDGET, le=MAX_BUDGET,
+                                     description="most tokens of the summary, which quotes the hits' best passages "
+                                                 f"(default {DEFAULT_BUDGET})")
+    passages_per_hit: StrictInt | None = Field(None, ge=1, le=MAX_PASSAGES_PER_HIT,
+                                               description="ranked passages each hit carries (default 1)")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="mode parameters, e.g. {\"k1\": 0.9, \"b\": 0.4}; at most "
                                                 f"{MAX_OPTIONS}, each a number, a short string or a short list")
@@ -363,8 +375,9 @@ def get_documents(searcher: Searcher, ids: list[str] | None, start: Any = None, 
     return {**searcher.get_documents(ids, a, b, principal=principal, **named), "start": a, "end": b}
 
 
-def search_with_options(searcher: Searcher, query: str, mode: str, k: int, options: dict[str, Any],
-                        filter: dict[str, Any] | None = None, principal=None):
+def search_with_options(searcher: Searcher, query: str, mode: str | None, k: int, options: dict[str, Any],
+                        filter: dict[str, Any] | None = None, principal=None, budget: int | None = None,
+                        passages_per_hit: int | None = None):
     """``searcher.search`` for a front end (``/search``, the MCP ``search`` tool).
 
     Every number is checked before the search (``serving/options.py``); an option value
@@ -372,7 +385,8 @@ def search_with_options(searcher: Searcher, query: str, mode: str, k: int, optio
     deep in it, and becomes a :class:`SearchError` naming the options (a 400, a tool error).
     """
     try:
-        return searcher.search(query, mode=mode, k=k, filter=filter, principal=principal, **options)
+        return searcher.search(query, mode=mode, k=k, filter=filter, principal=principal, budget=budget,
+                               passages_per_hit=passages_per_hit, **options)
     except SearchError:
         raise
     except (TypeError, ValueError) as e:
@@ -794,7 +808,8 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     @app.post("/search")
     def search(req: SearchRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
         return search_with_options(s, req.query, req.mode, req.k, req.options, filter=req.filter,
-                                   principal=principal_of(request)).to_dict()
+                                   principal=principal_of(request), budget=req.budget,
+                                   passages_per_hit=req.passages_per_hit).to_dict()
 
     @app.get("/documents")
     def list_documents(request: Request, s: Searcher = Depends(refreshed),

@@ -221,7 +221,7 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
             why += " — matched " + ", ".join(list(lex)[:5])
         if ex.get("rerank_score") is not None:
             why += f"; rerank {ex['rerank_score']:.3f}"
-        return {"terms": lex, "why": why, "fusion": ex, "passage": best_passage(n)}
+        return {"terms": lex, "why": why, "fusion": ex}
 
     return scored, trace, "", explain
 
@@ -235,8 +235,7 @@ def run_dense(searcher, query: str, k: int, options: dict):
 
     def explain(n: int) -> dict:
         s = next((x.score for x in scored if x.docno == n), None)
-        return {"why": f"semantic similarity {s:.3f} (cosine, {trace['dense']['model']})", "terms": {},
-                "passage": searcher.dense_mode.dense().best_passage(query, n)}
+        return {"why": f"semantic similarity {s:.3f} (cosine, {trace['dense']['model']})", "terms": {}}
 
     return scored, trace, "", explain
 

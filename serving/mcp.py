@@ -7,8 +7,10 @@
 
 Tools (all read-only):
 
-- ``search(query, mode="bm25", k=10)``: text content is the summary an LLM reads;
-  structured content is ``SearchResult.to_dict()`` (query, mode, summary, hits, trace).
+- ``search(query, mode=None, k=10, budget=None, passages_per_hit=None)``: text content is
+  the summary an LLM reads (the hits with their best passages quoted, at most ``budget``
+  tokens; mode: hybrid where the index has vectors, else bm25); structured content is
+  ``SearchResult.to_dict()`` (query, mode, summary, hits, trace).
 - ``get_document(doc_id, start=None, end=None)``: text is the title and the text, whole or
   characters ``[start, end)`` (as a hit's citation gives them), at most ``MAX_RANGE_CHARS``
   per call; structured content the stored document (doc_id, title, text, content_hash,
@@ -82,7 +84,9 @@ from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts
                    servable_modes, term_stats as term_stats_of)
 from .result import SearchResult
 from .scrub import ScrubConfig, start_scrub
-from .search import MAX_DOCUMENT_IDS, MAX_K, MAX_QUERY_CHARS, Searcher, SearchError, open_index
+from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, Searcher, SearchError,
+                     open_index)
+from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +94,11 @@ TRANSPORTS = ("stdio", "streamable-http")
 
 INSTRUCTIONS = (
     "funnel searches one document collection. Call `search` first: its text is a ranked list "
-    "with why each document matched; then `get_document` with a doc_id for the full text, or with "
-    "`start`/`end` from a hit's citation for the text around it (`get_documents` fetches several at "
-    "once). `term_stats` tells how common words are (df, idf) before you rephrase a query; `status` "
-    "says which modes and filter fields this index has.")
+    "of documents with their best passages quoted, each with its doc_id and `start`/`end`; then "
+    "`get_document` with a doc_id and those `start`/`end` (widened) for the text around a passage, or "
+    "with a doc_id alone for the whole text (`get_documents` fetches several at once, by ids or an id "
+    "prefix; `list_documents` pages through the ids). `term_stats` tells how common words are (df, idf) "
+    "before you rephrase a query; `status` says which modes and filter fields this index has.")
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
@@ -315,9 +320,16 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
     def search(
         query: Annotated[Text, Field(min_length=1, max_length=MAX_QUERY_CHARS,
                                      description="what to look for, in words")],
-        mode: Annotated[Text, Field(max_length=MAX_MODE_CHARS,
-                                    description="retrieval mode: " + ", ".join(servable_modes(searcher)))] = "bm25",
+        mode: Annotated[Text | None, Field(
+            max_length=MAX_MODE_CHARS, description="retrieval mode: " + ", ".join(servable_modes(searcher))
+            + " (default: hybrid where the index has vectors, else bm25)")] = None,
         k: Annotated[StrictInt, Field(ge=1, le=MAX_K, description="how many documents to return")] = 10,
+        budget: Annotated[StrictInt | None, Field(
+            ge=MIN_BUDGET, le=MAX_BUDGET, description="most tokens of the text, which quotes the hits' best "
+                                                      f"passages (default {DEFAULT_BUDGET})")] = None,
+        passages_per_hit: Annotated[StrictInt | None, Field(
+            ge=1, le=MAX_PASSAGES_PER_HIT, description="ranked passages each structured hit carries "
+                                                       "(default 1)")] = None,
         options: Annotated[dict[str, Any] | None, Field(
             description="per-query options of the mode, as in the HTTP API: e.g. k1, b (bm25); "
                         "fusion, alpha (hybrid); proposer, lambda, tau, fb_docs, fb_terms (sira)")] = None,
@@ -327,16 +339,19 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
                         "and / or / not combine them")] = None,
         ctx: Context = None,
     ) -> Annotated[CallToolResult, SearchResult]:
-        """Search the collection; returns a ranked list with why each document matched.
+        """Search the collection; the text is the ranked documents with their best passages quoted.
 
-        The text is a short summary to read; the structured content has every hit
-        (doc_id, title, snippet, score, matched_terms) and a trace of the scoring.
+        Each hit gives its id, title and where its best passage is (lines, PDF page, start/end
+        for get_document); the passages that fit the budget are quoted under it. The
+        structured content has every hit (doc_id, title, passage, score, matched_terms) and a
+        trace of the scoring.
         """
         try:
             opts = check_options(dict(options or {}))
         except ValueError as e:
             raise ToolError(str(e)) from e
-        res = guarded(search_with_options, searcher, query, mode, k, opts, filter=filter, principal=caller(ctx))
+        res = guarded(search_with_options, searcher, query, mode, k, opts, filter=filter, principal=caller(ctx),
+                      budget=budget, passages_per_hit=passages_per_hit)
         return _text_result(res.summary, res.to_dict())
 
     @server.tool(annotations=_READ_ONLY, description=(

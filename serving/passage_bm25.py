@@ -250,6 +250,13 @@ class PassageBM25:
                     best = (p, sc, ex)
         return best
 
+    def passage_docnos(self, n: int) -> np.ndarray:
+        """Docnos, in the passage index, of document ``n``'s passages in ordinal order (for
+        scoring them all at once: ``serving.passage_rank.bm25_of_docnos``)."""
+        p = self._passages_of(n)
+        s = np.searchsorted(self.passage_off, p, side="right") - 1
+        return (s.astype(np.int64) << 32) | (p - self.passage_off[s])
+
     def explain(self, terms: dict[str, float], n: int, params: BM25Params | None = None) -> dict[str, dict]:
         """Per matched term of document ``n``'s best passage: tf, df (passages), idf (over
         passages) and its contribution to the score."""

@@ -16,10 +16,11 @@ class Citation:
     ``start``/``end`` are character offsets into the document's text (``text[start:end]``
     is ``text``; ``get_document(doc_id, start, end)`` fetches around it); ``line_start`` /
     ``line_end`` are its 1-based lines. ``ordinal`` is the passage's number in the
-    document; ``via`` says how it was chosen: ``dense`` (the passage the dense score came
-    from, ``score`` its cosine), ``bm25`` (the passage a passage-BM25 score came from,
-    ``funnel build --bm25-passages``; ``score`` its BM25) or ``terms`` (the most matched
-    query terms).
+    document. Passages are ranked as passages (``serving.passage_rank``); ``via`` names the
+    signals that ranked this one: ``dense`` (its cosine to the query), ``bm25`` (its BM25 in
+    the passage index of ``funnel build --bm25-passages``), ``terms`` (BM25 of the query
+    terms over its text), or two fused, ``dense+bm25`` / ``dense+terms``. ``score`` is the
+    fused score where two signals ranked it, else its one signal's score (cosine or BM25).
     """
 
     text: str
@@ -50,10 +51,12 @@ class Hit:
     docno: int = -1
     explain: dict[str, Any] = field(default_factory=dict)
     passage: Citation | None = None  # the best passage (see Citation); None without explain
+    passages: tuple[Citation, ...] = ()  # its best passages, best first (passages_per_hit); passage is the first
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["matched_terms"] = list(self.matched_terms)
+        d["passages"] = list(d["passages"])
         return d
 
 
@@ -79,7 +82,8 @@ def split_docno(n: int) -> tuple[int, int]:
 
 
 def summarize(query: str, mode: str, hits: list[Hit] | tuple[Hit, ...], note: str = "") -> str:
-    """Text an LLM can read directly: one line per hit with why it matched."""
+    """One line per hit with why it matched: the summary of a search without explanations
+    (``explain=False``); a search with them quotes the evidence (``serving.summary``)."""
     if not hits:
         msg = f"No documents found for {query!r} ({mode})."
         return f"{msg} {note}".strip()

@@ -44,6 +44,43 @@ BATCH_CELLS = 2_000_000  # search_batch (bm25): queries x depth answered per com
 _SENTENCE = regex.compile(r"(?<=[.!?])\s+")
 
 
+#: The most ranked passages a hit may carry (``passages_per_hit``).
+MAX_PASSAGES_PER_HIT = 10
+
+
+def _check_summary_args(budget: Any, passages_per_hit: Any) -> tuple[int, int]:
+    """``budget`` (tokens of the summary) and ``passages_per_hit``, defaulted and bounded."""
+    from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+    if budget is None:
+        budget = DEFAULT_BUDGET
+    elif isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
+        raise SearchError(f"budget is the most tokens of the summary: a whole number in {MIN_BUDGET}..{MAX_BUDGET}, "
+                          f"got {budget!r}")
+    if passages_per_hit is None:
+        passages_per_hit = 1
+    elif (isinstance(passages_per_hit, bool) or not isinstance(passages_per_hit, int)
+          or not 1 <= passages_per_hit <= MAX_PASSAGES_PER_HIT):
+        raise SearchError(f"passages_per_hit must be a whole number in 1..{MAX_PASSAGES_PER_HIT}, "
+                          f"got {passages_per_hit!r}")
+    return budget, passages_per_hit
+
+
+def _empty_scope_note(scope: dict, note: str, searchable: bool) -> str:
+    """Why a filtered or restricted search found nothing, in counts the caller may see."""
+    mine = " you may read" if scope["restricted"] else ""
+    if scope["filtered"] and scope["allowed"] == 0:
+        return (f"The filter matched no documents: none of the {scope['visible']:,} documents{mine} passes it. "
+                "Loosen the filter (its fields and values) or search without it.")
+    if not searchable:
+        return note
+    if scope["filtered"]:
+        return (f"None of the {scope['allowed']:,} documents the filter allows (of {scope['visible']:,}{mine}) "
+                "matches the query; loosen the filter or rephrase the query.")
+    if scope["visible"] == 0:
+        return "You may read no documents in this collection."
+    return f"None of the {scope['visible']:,} documents you may read matches the query."
+
+
 def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], max_chars: int = 300) -> str:
     """The sentence with the most matched terms (first one on ties), cut to ``max_chars``."""
     if not text:
@@ -106,7 +143,7 @@ class Searcher:
         return vs
 
     def __getattr__(self, name: str):
-        # Everything else (search, search_batch, index, bm25, ...) is the current version's.
+        # Everything else (search_batch, index, bm25, ...) is the current version's.
         if name.startswith("__") or name in ("_current", "_follow"):
             raise AttributeError(name)
         return getattr(self._current, name)
@@ -238,33 +275,82 @@ class VersionSearcher:
             prepare(self, options)
         return options
 
-    def search(self, query: str, mode: str = "bm25", k: int = 10, *, explain: bool = True,
-               filter: Any = None, principal: Any = None, **options) -> SearchResult:
+    def default_mode(self) -> str:
+        """The mode of a search that names none: ``hybrid`` where the index has vectors (the
+        better ranking, and passages scored by both signals), else ``bm25``."""
+        return "hybrid" if self.dense_mode.available else "bm25"
+
+    def search(self, query: str, mode: str | None = None, k: int = 10, *, explain: bool = True,
+               filter: Any = None, principal: Any = None, budget: int | None = None,
+               passages_per_hit: int | None = None,
+               **options) -> SearchResult:
         """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...).
 
-        ``filter`` (a JSON object or its text; ``serving.filters``) narrows the search to the
-        documents it matches, in every mode, before ranking; ``principal``
-        (``serving.principals.Principal``) runs it as that caller: only documents its ACL
-        lets it read. None for both: every document."""
+        ``mode`` None is :meth:`default_mode`. ``filter`` (a JSON object or its text;
+        ``serving.filters``) narrows the search to the documents it matches, in every mode,
+        before ranking; ``principal`` (``serving.principals.Principal``) runs it as that
+        caller: only documents its ACL lets it read. None for both: every document.
+
+        ``summary`` is the text an agent reads (``serving.summary``): the hits with their best
+        passages quoted, at most ``budget`` tokens (default ``summary.DEFAULT_BUDGET``).
+        Each hit cites its best passage (``passage``) and carries up to ``passages_per_hit``
+        (default 1) ranked passages (``passages``), scored by ``serving.passage_rank``. With
+        ``explain=False`` there are no citations, and the summary lists the hits only."""
+        budget, passages_per_hit = _check_summary_args(budget, passages_per_hit)
+        if mode is None:
+            mode = self.default_mode()
         if filter is not None or principal is not None:
             mask = self.mask(filter, principal)
+            scope = self._scope(mask, filter, principal)
             with filters.scope(mask):
-                res = self.search(query, mode, k, explain=explain, **options)
+                res = self._search(query, mode, k, explain, budget, passages_per_hit, options, scope)
             if filter is not None:
                 res.trace["filter"] = {"filter": filter, "documents": mask.count}
             return res
+        return self._search(query, mode, k, explain, budget, passages_per_hit, options, None)
+
+    def _scope(self, mask, filter: Any, principal: Any) -> dict | None:
+        """What a filtered or restricted search may say about its documents when it finds none:
+        how many the filter allows and how many the caller may read (never more: a restricted
+        caller hears only counts of documents it may read)."""
+        restricted = principal is not None and not principal.admin
+        visible = self.index.n_docs
+        if restricted:
+            own = self.mask(None, principal)
+            visible = own.count if own is not None else visible
+        allowed = mask.count if mask is not None else visible
+        return {"filtered": filter is not None, "restricted": restricted, "allowed": allowed, "visible": visible}
+
+    def _search(self, query: str, mode: str, k: int, explain: bool, budget: int, passages_per_hit: int,
+                options: dict, scope: dict | None) -> SearchResult:
         query = self._check(query, mode, k)
         options = self._check_options(mode, options)
         context_tokens = options.pop("context_tokens", None)
         t0 = time.perf_counter()
         scored, trace, note, matched_fn = self.modes()[mode](query, k, options)
         trace = {"version": self.version, **trace}
-        hits = self._hits(query, scored, matched_fn, explain)
+        t = time.perf_counter()
+        hits, ranking, texts = self._hits(query, mode, scored, matched_fn, explain, trace, passages_per_hit)
+        timings = {"hits": round((time.perf_counter() - t) * 1000, 3)}
         if context_tokens:
-            trace["context"] = self._context(hits, int(context_tokens))
-        trace["timings_ms"] = {**trace.get("timings_ms", {}),
+            trace["context"] = self._context(query, mode, trace, hits, ranking, texts, int(context_tokens))
+        if not hits and scope is not None:
+            note = _empty_scope_note(scope, note, bool(self.bm25.query_terms(query)) or mode == "dense")
+        t = time.perf_counter()
+        if explain:
+            from .summary import evidence_summary
+            summary = evidence_summary(query, mode, hits, texts, ranking, budget, note)
+        else:
+            summary = summarize(query, mode, hits, note)
+        timings["summary"] = round((time.perf_counter() - t) * 1000, 3)
+        if explain:
+            from .context import approx_tokens
+            trace["summary"] = {"budget": budget, "tokens": approx_tokens(summary),
+                                **({"passage_signals": list(ranking.signals), "fusion": ranking.fusion}
+                                   if ranking is not None else {})}
+        trace["timings_ms"] = {**trace.get("timings_ms", {}), **timings,
                                "total": round((time.perf_counter() - t0) * 1000, 3)}
-        return SearchResult(query, mode, summarize(query, mode, hits, note), tuple(hits), trace)
+        return SearchResult(query, mode, summary, tuple(hits), trace)
 
     def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
                      remove_query: bool = False, errors: dict[str, str] | None = None,
@@ -415,19 +501,58 @@ class VersionSearcher:
             out.arrays(qids[start:start + step], self.bm25.search_texts(texts[start:start + step], depth, params),
                        k, remove_query)
 
-    def _hits(self, query, scored: list[Scored], matched_fn, explain: bool) -> list[Hit]:
+    def _hits(self, query: str, mode: str, scored: list[Scored], matched_fn, explain: bool, trace: dict,
+              passages_per_hit: int = 1):
+        """(hits, the passage ranking or None, docno -> text). With ``explain``, each hit cites
+        its best passage and carries its ``passages_per_hit`` best (``passage_rank``)."""
+        from .citations import make_citation
+        docs = [self.index.docs.get(s.docno) for s in scored]
+        texts = {s.docno: d["text"] or "" for s, d in zip(scored, docs)}
+        ranking = self.rank_passages(query, mode, trace, [(s.docno, r, d) for r, (s, d) in
+                                                          enumerate(zip(scored, docs), start=1)]) \
+            if explain and scored else None
+        by_doc = ranking.by_docno() if ranking is not None else {}
         hits = []
-        for rank, s in enumerate(scored, start=1):
-            doc = self.index.docs.get(s.docno)
+        for rank, (s, doc) in enumerate(zip(scored, docs), start=1):
             detail = matched_fn(s.docno) if (explain and matched_fn) else {}
+            detail.pop("passage", None)
             terms = tuple(detail.get("terms", {}))
-            cite = self.citation(doc, s.docno, set(terms), detail.pop("passage", None)) if explain else None
+            cites: tuple = ()
+            if explain:
+                d, text = by_doc[s.docno], texts[s.docno]
+                cites = tuple(make_citation(text, int(d.spans[j][0]), int(d.spans[j][1]), int(j), ranking.via(d, j),
+                                            ranking.score(d, j))
+                              for j in d.order()[:passages_per_hit].tolist())
+            cite = cites[0] if cites else None
             # The snippet is the passage's best sentence (a short document's passage is all of it).
             hits.append(Hit(doc_id=doc["doc_id"], rank=rank, score=round(s.score, 6), title=doc["title"],
-                            snippet=snippet(cite.text, set(terms), self.index.analyzer.analyze) if explain else "",
+                            snippet=snippet(cite.text, set(terms), self.index.analyzer.analyze) if cite else "",
                             matched_terms=terms, why=detail.get("why", ""), docno=s.docno,
-                            explain=detail, passage=cite))
-        return hits
+                            explain=detail, passage=cite, passages=cites))
+        return hits, ranking, texts
+
+    def passage_terms(self, query: str, mode: str, trace: dict) -> dict[str, float]:
+        """The weighted terms a mode scored with: SIRA's query and kept expansion terms
+        (``BM25(q) + λ·BM25(e)`` as one dict), else the query's analyzed terms."""
+        sira = trace.get("sira")
+        if mode == "sira" and sira:
+            out = dict(sira.get("query_terms") or {})
+            for t, v in (sira.get("expansion_terms") or {}).items():
+                out[t] = out.get(t, 0.0) + float(v["final_weight"])
+            return out
+        return dict(self.bm25.query_terms(query))
+
+    def rank_passages(self, query: str, mode: str, trace: dict, docs: list[tuple[int, int, dict]]):
+        """The passages of ``docs`` (``(docno, rank, stored document)``) scored by both signals
+        and fused (``passage_rank.rank_passages``). The dense signal is used where the search
+        embedded the query (dense, hybrid, SIRA with the dense proposer)."""
+        from .passage_rank import rank_passages
+        qvec = None
+        embedded = mode in ("dense", "hybrid") or (mode == "sira" and "dense" in (trace.get("sira") or {}).get(
+            "sources", ()))
+        if embedded and self.dense_mode.available and self.dense_mode.passages() is not None:
+            qvec = self.dense_mode.dense().embed_query(query)
+        return rank_passages(self, docs, self.passage_terms(query, mode, trace), qvec, self._bm25_params({}))
 
     def passage_spans(self, docno: int, text: str, window: int | None = None):
         """``(m, 2)`` character spans of a document's passages: the index's own (what was
@@ -453,17 +578,22 @@ class VersionSearcher:
         j = lexical_best(text, spans, terms, self.index.analyzer.analyze)
         return make_citation(text, int(spans[j][0]), int(spans[j][1]), j, "terms")
 
-    def _context(self, hits: list[Hit], budget: int) -> list[dict]:
-        """Best passage of each hit (its citation), merged, fitted to ``budget`` tokens,
-        U-shaped (context.py)."""
+    def _context(self, query: str, mode: str, trace: dict, hits: list[Hit], ranking, texts: dict[int, str],
+                 budget: int) -> list[dict]:
+        """The hits' passages taken by priority across documents (``passage_rank``: several of
+        one document where they rank so), merged where they overlap, fitted to ``budget``
+        tokens, U-shaped (context.py)."""
         from .context import Passage, pack_context
+        if ranking is None:  # a search without explanations: rank them now
+            ranking = self.rank_passages(query, mode, trace, [(h.docno, h.rank, {"text": texts[h.docno]})
+                                                              for h in hits]) if hits else None
         passages = []
-        for h in hits:
-            cite = h.passage
-            if cite is None:  # a search without explanations: find it now
-                doc = self.index.docs.get(h.docno)
-                cite = self.citation(doc, h.docno, set(h.matched_terms))
-            passages.append(Passage(h.doc_id, cite.start, cite.end, cite.text, float(h.score)))
+        if ranking is not None:
+            ids = {h.docno: h.doc_id for h in hits}
+            for priority, i, j in ranking.pool():
+                d = ranking.docs[i]
+                a, b = (int(x) for x in d.spans[j])
+                passages.append(Passage(ids[d.docno], a, b, d.text[a:b], priority))
         return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
                 for p in pack_context(passages, budget)]
 
@@ -494,10 +624,7 @@ class VersionSearcher:
             ex = self.bm25.explain(dict(terms), n, params)
             top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
             why = "matched " + ", ".join(f"{t} (tf {v['tf']}, df {v['df']})" for t, v in top[:5])
-            if passages is not None:  # the passage the score came from, for the citation
-                return {"terms": dict(top), "why": why + " in its best passage",
-                        "passage": passages(dict(terms), n, params)}
-            return {"terms": dict(top), "why": why}
+            return {"terms": dict(top), "why": why + (" in its best passage" if passages is not None else "")}
 
         return scored, trace, note, matched
 

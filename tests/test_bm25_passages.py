@@ -192,8 +192,9 @@ def test_a_hit_cites_the_passage_its_score_came_from(built):
         assert c.via == "bm25" and c.ordinal == want[h.doc_id] and c.text == text[c.start:c.end]
         assert c.score == pytest.approx(h.score, abs=2e-6)
         assert c.line_start == text.count("\n", 0, c.start) + 1
-    for mode in ("hybrid", "sira"):  # the other modes read the passage BM25 list
-        assert ix.search(q, mode=mode, k=3).hits[0].doc_id == "long0", mode
+    for mode in ("hybrid", "sira"):  # the other modes read the passage BM25 list, and cite from it too
+        top = ix.search(q, mode=mode, k=3).hits[0]
+        assert top.doc_id == "long0" and top.passage.via == "dense+bm25" and q in top.passage.text, mode
 
 
 def test_sira_and_hybrid_use_the_passage_list(built):

@@ -64,11 +64,14 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
     assert set(by_name) == {"search", "get_document", "get_documents", "list_documents", "term_stats", "status"}
     schema = by_name["search"].input_schema
     assert schema["required"] == ["query"]
-    assert schema["properties"]["k"]["maximum"] == 1000 and schema["properties"]["mode"]["default"] == "bm25"
+    assert schema["properties"]["k"]["maximum"] == 1000 and schema["properties"]["mode"].get("default") is None
+    assert {"budget", "passages_per_hit"} <= set(schema["properties"])
     # The modes offered are the ones this index serves (as /health lists them): no vectors here,
-    # so neither dense nor hybrid.
+    # so neither dense nor hybrid; without a mode, the index's default (bm25 here).
     from funnel.serving.http import servable_modes
-    offered = schema["properties"]["mode"]["description"].removeprefix("retrieval mode: ").split(", ")
+    described = schema["properties"]["mode"]["description"]
+    assert described.endswith("(default: hybrid where the index has vectors, else bm25)")
+    offered = described.removeprefix("retrieval mode: ").split(" (default")[0].split(", ")
     assert offered == servable_modes(searcher) and offered[0] == "bm25" and not {"dense", "hybrid"} & set(offered)
     assert "hits" in by_name["search"].output_schema["properties"]
     assert all(t.annotations.read_only_hint for t in tools.tools)
@@ -77,6 +80,9 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
     expected = searcher.search(QUERY, k=5)
     assert len(res.content) == 1 and res.content[0].type == "text"
     assert res.content[0].text == expected.summary  # the summary an LLM reads
+    assert expected.mode == "bm25" and expected.summary.startswith(f"Found 5 documents for {QUERY!r} (bm25):")
+    top = expected.hits[0].passage
+    assert f"[{expected.hits[0].doc_id}]" in expected.summary and f"start={top.start}, end={top.end}" in expected.summary
     sc = res.structured_content
     assert set(sc) == {"query", "mode", "summary", "hits", "trace"}
     assert sc["hits"] == [h.to_dict() for h in expected.hits]

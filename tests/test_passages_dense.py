@@ -155,7 +155,8 @@ def test_dense_search_is_maxp_over_the_stored_passages(long_build):
         assert [h.docno for h in got] == [n for n, _ in want]
         np.testing.assert_allclose([h.score for h in got], [s for _, s in want], atol=1e-5)
     top = ix.search(deep, mode="dense", k=1).hits[0]
-    assert top.doc_id == "long1" and top.passage.via == "dense" and top.passage.ordinal > 0
+    # passages ranked by both signals: the dense one and the query terms over each passage's text
+    assert top.doc_id == "long1" and top.passage.via == "dense+terms" and top.passage.ordinal > 0
     assert deep in top.passage.text
 
 
@@ -175,7 +176,8 @@ def test_every_hit_cites_its_best_passage_with_lines(long_build):
             assert h.to_dict()["passage"]["start"] == c.start  # in the JSON every front end returns
         top = res.hits[0]
         assert top.doc_id == "long2" and q in top.passage.text, mode
-        assert top.passage.via == ("terms" if mode in ("bm25", "sira") else "dense")
+        # bm25 does not embed the query; the others (sira: its dense proposer) did, so both signals rank
+        assert top.passage.via == ("terms" if mode == "bm25" else "dense+terms"), mode
     ctx = ix.search(q, mode="hybrid", k=3, context_tokens=400).trace["context"]
     assert any(q in c["text"] for c in ctx)  # the packer reads the cited passage, not the opening
 

@@ -1,0 +1,312 @@
+"""Passages ranked as passages: every passage of a search's hits scored by both signals, fused.
+
+DESIGN.md "The result an agent gets": the evidence an agent reads is a passage, and a long
+document can hold one answering passage among fifty. So each passage of each hit is scored
+on its own, by up to two signals:
+
+* **dense**: the cosine of the query vector and the passage's stored vector (an index built
+  with ``--dense`` and passages), where the search embedded the query anyway (modes dense
+  and hybrid, SIRA's dense proposer). A bm25 search never embeds the query for this: that
+  would cost more than the search.
+* **lexical**: BM25 of the mode's weighted query terms (SIRA: query and kept expansion terms)
+
+  - ``bm25``: over the passage index of an index built with ``--bm25-passages``, with its
+    statistics (N passages, df over passages, avgdl of passages): exactly the score that
+    index gives the passage, so a passage-BM25 hit cites the passage its MaxP score came from
+    (:func:`bm25_of_docnos`);
+  - ``terms``: otherwise over the passage's text (:func:`text_bm25`): tf counted in the
+    passage's words, the index's idf, ``dl`` the passage's whitespace words and ``avgdl``
+    their mean over the candidate passages.
+
+The two lists are fused as the index's hybrid fusion fuses documents (``convex`` with its
+``alpha`` on the lexical list, or ``rrf`` with its ``rrf_k``; no top-rank bonus), over all
+the candidate passages together. A hit cites its best fused passage (first on ties), and
+returns up to ``passages_per_hit`` of them as inner hits. The evidence text and the packed
+context take passages across documents by **priority**: the reciprocal-rank fusion of the
+passage's rank in the pool and its document's rank, ``1/(60 + pool rank) + 1/(60 + hit
+rank)``, so the best passage of the third document can come before the second passage of
+the first, and a strong document is not drowned by a lucky passage of a weak one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import regex
+
+from .fusion import RRF_K, convex_arrays, ranks_of, rrf_arrays
+
+#: Priority smoothing constant (RRF's k) for a passage's pool rank and its document's rank.
+PRIORITY_K = RRF_K
+
+
+@dataclass
+class DocPassages:
+    """The scored passages of one hit: spans ``(m, 2)`` in order, each signal's scores."""
+
+    docno: int
+    rank: int                    # the hit's rank, 1-based
+    text: str
+    spans: np.ndarray
+    dense: np.ndarray | None     # cosine per passage; None without passage vectors or query vector
+    lexical: np.ndarray          # BM25 per passage (0: no query term)
+    fused: np.ndarray = field(default=None)      # the configured fusion, over the whole pool
+    priority: np.ndarray = field(default=None)   # place in the budget (module docstring)
+
+    def order(self) -> np.ndarray:
+        """Passage indices, best fused first (first on ties)."""
+        return np.lexsort((np.arange(len(self.spans)), -self.fused))
+
+
+@dataclass
+class PassageRanking:
+    """Every hit's passages (``docs``, in hit order) and how they were scored."""
+
+    docs: list[DocPassages]
+    signals: tuple[str, ...]     # e.g. ("dense", "bm25"); the lexical one is "bm25" or "terms"
+    fusion: str
+    terms: dict[str, float]      # term -> w·idf (what a matched word of it is worth)
+    analyze: Callable[[str], list[str]]
+    _positions: dict = field(default_factory=dict, repr=False)
+
+    def by_docno(self) -> dict[int, DocPassages]:
+        return {d.docno: d for d in self.docs}
+
+    def via(self, d: DocPassages, j: int) -> str:
+        """The signals that ranked passage ``j`` of ``d``: "dense+bm25", "dense", "terms", ...
+        (a passage without a query term has no lexical score; one without either, "terms")."""
+        lexical = self.signals[-1]
+        if d.dense is None:
+            return lexical
+        return f"dense+{lexical}" if d.lexical[j] > 0 else "dense"
+
+    def score(self, d: DocPassages, j: int) -> float:
+        """Passage ``j``'s fused score where two signals ranked it, else its one signal's score."""
+        if d.dense is None:
+            return float(d.lexical[j])
+        if d.lexical[j] <= 0:
+            return float(d.dense[j])
+        return float(d.fused[j])
+
+    def pool(self) -> list[tuple[float, int, int]]:
+        """``(priority, doc index, passage index)`` of every candidate passage, best first
+        (ties: the better hit, then the earlier passage)."""
+        out = [(float(p), i, j) for i, d in enumerate(self.docs) for j, p in enumerate(d.priority)]
+        out.sort(key=lambda x: (-x[0], x[1], x[2]))
+        return out
+
+    def term_positions(self, i: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(character offsets, term columns, w·idf per column) of the query-term words in
+        ``text[a:b]`` of document ``i``."""
+        key = (i, a, b)
+        got = self._positions.get(key)
+        if got is None:
+            starts, cols, names = term_positions(self.docs[i].text[a:b], self.terms, self.analyze)
+            w = np.asarray([self.terms[t] for t in names], dtype=np.float64)
+            got = self._positions[key] = (starts + a, cols, w)
+        return got
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]]
+                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
+    ``terms`` (analyzed index terms), a word counting once per term it yields.
+
+    Only words that begin with the first two letters of some term are analyzed: the stemmer
+    changes a word's end, never its first two letters, so no match is missed (and a long
+    document is not analyzed word by word)."""
+    names = sorted(terms)
+    if not names or not text:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), names
+    cols = {t: j for j, t in enumerate(names)}
+    prefixes = sorted({t[:2] for t in names})
+    pattern = regex.compile(r"\b(?:" + "|".join(regex.escape(p) for p in prefixes) + r")\w*",
+                            regex.IGNORECASE | regex.UNICODE)
+    seen: dict[str, list[int]] = {}
+    starts, hit_cols = [], []
+    for m in pattern.finditer(text):
+        w = m.group()
+        got = seen.get(w)
+        if got is None:
+            got = seen[w] = [cols[t] for t in dict.fromkeys(analyze(w)) if t in cols]
+        for c in got:
+            starts.append(m.start())
+            hit_cols.append(c)
+    return np.asarray(starts, dtype=np.int64), np.asarray(hit_cols, dtype=np.int64), names
+
+
+def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Callable[[str], list[str]]
+            ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(tf ``(m, t)`` of each term in each passage, dl ``(m,)`` in whitespace words, term names).
+    A word counts for every passage its start falls in (an overlap's words count twice)."""
+    starts, cols, names = term_positions(text, terms, analyze)
+    m = len(spans)
+    tf = np.zeros((m, len(names)))
+    if len(starts):
+        order = np.argsort(starts, kind="stable")
+        starts, cols = starts[order], cols[order]
+        lo = np.searchsorted(starts, spans[:, 0], side="left")
+        hi = np.searchsorted(starts, spans[:, 1], side="left")
+        for j in range(m):
+            if hi[j] > lo[j]:
+                tf[j] = np.bincount(cols[lo[j]:hi[j]], minlength=len(names))
+    dl = np.asarray([len(text[a:b].split()) for a, b in spans.tolist()], dtype=np.float64)
+    return tf, dl, names
+
+
+def text_bm25(tf: np.ndarray, dl: np.ndarray, w_idf: np.ndarray, avgdl: float, k1: float, b: float) -> np.ndarray:
+    """``Σ_t w_t·idf_t · tf / (tf + k1·(1 − b + b·dl/avgdl))`` per passage (Lucene's BM25, as
+    ``serving.bm25``), with ``dl`` and ``avgdl`` in words of the passages."""
+    if tf.size == 0:
+        return np.zeros(len(dl))
+    denom = k1 * (1 - b + b * dl / max(avgdl, 1e-9))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        part = np.where(tf > 0, tf / (tf + denom[:, None]), 0.0)
+    return part @ w_idf
+
+
+def bm25_of_docnos(retriever, terms: dict[str, float], docnos: np.ndarray, params) -> np.ndarray:
+    """BM25 of ``terms`` for the given documents of ``retriever``'s index, vectorized per shard
+    and term; the formula of ``BM25Retriever.explain`` (its statistics, lengths and params)."""
+    docnos = np.asarray(docnos, dtype=np.int64)
+    out = np.zeros(len(docnos))
+    gids, ws, _ = retriever.weights(terms)
+    if len(gids) == 0 or len(docnos) == 0:
+        return out
+    ix = retriever.index
+    shard = docnos >> 32
+    local = docnos & 0xFFFFFFFF
+    for s in np.unique(shard).tolist():
+        sel = np.flatnonzero(shard == s)
+        sh, loc = ix.shards[s], local[sel]
+        dl = np.asarray(sh.lengths(params))[loc]
+        denom = params.k1 * (1 - params.b + params.b * dl / ix.avgdl)
+        for li, w in zip(sh.local_terms(gids).tolist(), ws.tolist()):
+            if li < 0:
+                continue
+            a, e = int(sh.indptr[li]), int(sh.indptr[li + 1])
+            if e <= a:
+                continue
+            d = np.asarray(sh.docs[a:e])
+            j = np.minimum(np.searchsorted(d, loc), len(d) - 1)
+            tf = np.where(d[j] == loc, np.asarray(sh.tfs[a:e])[j], 0).astype(np.float64)
+            out[sel] += w * tf / (tf + denom)
+    return out
+
+
+def fuse(docs: list[DocPassages], fusion: str, alpha: float, rrf_k: float) -> None:
+    """Fill each document's ``fused`` and ``priority`` over the pool of all their passages."""
+    if not docs:
+        return
+    sizes = [len(d.spans) for d in docs]
+    lex = np.concatenate([d.lexical for d in docs]) if sum(sizes) else np.zeros(0)
+    lex = np.where(lex > 0, lex, np.nan)  # a passage without a query term is not in the lexical list
+    lists = {"lexical": lex}
+    if any(d.dense is not None for d in docs):
+        lists["dense"] = np.concatenate([d.dense if d.dense is not None else np.full(len(d.spans), np.nan)
+                                         for d in docs])
+    if fusion == "rrf":
+        fused = rrf_arrays({n: ranks_of(v) for n, v in lists.items()}, k=rrf_k)
+    else:
+        fused = convex_arrays(lists, {"lexical": alpha, "dense": 1.0 - alpha} if "dense" in lists
+                              else {"lexical": 1.0})
+    pool_rank = ranks_of(fused)
+    doc_rank = np.repeat([d.rank for d in docs], sizes)
+    priority = 1.0 / (PRIORITY_K + pool_rank) + 1.0 / (PRIORITY_K + doc_rank)
+    at = 0
+    for d, m in zip(docs, sizes):
+        d.fused, d.priority = fused[at:at + m], priority[at:at + m]
+        at += m
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, float],
+                  query_vector: np.ndarray | None, params) -> PassageRanking:
+    """Score and fuse the passages of ``docs`` (``(docno, hit rank, stored document)``).
+
+    Parameters
+    ----------
+    searcher
+        The ``VersionSearcher`` (its passages, vectors, BM25 and hybrid settings).
+    terms
+        The mode's weighted query terms (analyzed index terms).
+    query_vector
+        The query's embedding where the search made one, else None (no dense signal).
+    params
+        BM25 parameters of the lexical signal.
+    """
+    stored = searcher.dense_mode.passages()
+    passage_bm25 = getattr(searcher.bm25, "passage_docnos", None)  # --bm25-passages
+    dense_ok = query_vector is not None and stored is not None
+    out: list[DocPassages] = []
+    tfs: list[tuple[np.ndarray, np.ndarray] | None] = []
+    names = sorted(terms)
+    for n, rank, doc in docs:
+        text = doc["text"] or ""
+        spans = np.asarray(searcher.passage_spans(n, text), dtype=np.int64).reshape(-1, 2)
+        if len(spans) == 0:
+            spans = np.asarray([[0, len(text)]], dtype=np.int64)
+        dense = None
+        if dense_ok:
+            s, a, b = stored.rows(n)
+            if b - a == len(spans):
+                dense = np.asarray(stored.emb[s][a:b], dtype=np.float32) @ np.asarray(query_vector, dtype=np.float32)
+                dense = dense.astype(np.float64)
+        if passage_bm25 is not None:
+            lexical = bm25_of_docnos(searcher.bm25.inner, terms, passage_bm25(n), params)
+            if len(lexical) != len(spans):  # a document the passage index splits otherwise: text
+                lexical = None
+        else:
+            lexical = None
+        if lexical is None:
+            tf, dl, _ = text_tf(text, spans, terms, searcher.index.analyzer.analyze)
+            tfs.append((tf, dl))
+            lexical = np.zeros(len(spans))
+        else:
+            tfs.append(None)
+        out.append(DocPassages(n, rank, text, spans, dense, lexical))
+    lex = searcher.bm25 if hasattr(searcher.bm25, "weights") else searcher.bm25.inner
+    _, ws, kept = lex.weights(terms)
+    worth = dict.fromkeys(names, 0.0) | dict(zip(kept, ws.tolist()))  # term -> w·idf
+    if any(t is not None for t in tfs):  # text BM25: avgdl over the candidate passages
+        w_idf = np.asarray([worth[t] for t in names], dtype=np.float64)
+        dls = np.concatenate([t[1] for t in tfs if t is not None])
+        avgdl = float(dls.mean()) if len(dls) else 1.0
+        for d, t in zip(out, tfs):
+            if t is not None:
+                d.lexical = text_bm25(t[0], t[1], w_idf, avgdl, params.k1, params.b)
+    cfg = searcher.hybrid_config
+    fuse(out, cfg.fusion, cfg.alpha, cfg.rrf_k)
+    lexical_name = "bm25" if passage_bm25 is not None and all(t is None for t in tfs) else "terms"
+    signals = (("dense",) if any(d.dense is not None for d in out) else ()) + (lexical_name,)
+    return PassageRanking(out, signals, cfg.fusion, worth, searcher.index.analyzer.analyze)
+
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+
+
+def units(text: str, a: int, b: int) -> list[tuple[int, int]]:
+    """``text[a:b]`` as sentences and lines: ``(start, end)`` offsets, whitespace trimmed."""
+    cuts = {a, b}
+    piece = text[a:b]
+    for m in _SENTENCE_END.finditer(piece):
+        cuts.add(a + m.end())
+    for m in re.finditer(r"\n", piece):
+        cuts.add(a + m.start())
+    edges = sorted(cuts)
+    out = []
+    for x, y in zip(edges, edges[1:]):
+        seg = text[x:y]
+        lead = len(seg) - len(seg.lstrip())
+        trail = len(seg) - len(seg.rstrip())
+        if y - trail > x + lead:
+            out.append((x + lead, y - trail))
+    return out

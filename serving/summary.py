@@ -1,0 +1,274 @@
+"""The text an agent reads: the ranked hits with their best passages quoted, within a token budget.
+
+DESIGN.md "The result an agent gets": most agents read a search tool's text and answer
+from it, so the text carries the evidence itself, says where it is, fits a budget and ends
+with how to fetch more::
+
+    Found 3 documents for 'pool size' (hybrid):
+
+    1. [docs/limits.md] Resource limits [lines 40-52, start=1834, end=2410]
+       lines 41-44, start=1901, end=2210:
+       > The connection pool holds 10 connections by default; set pool_size to change it.
+    2. [docs/tuning.md] Tuning [lines 1-9, page 2, start=0, end=812]
+    (1 more document in the structured hits)
+
+    To read more: get_document(doc_id, start, end) ...
+
+* Every listed hit gives its rank, id, title and its best passage's place: lines, the PDF
+  page where the text has page breaks (form feeds), and the character range ``get_document``
+  takes.
+* Excerpts are chosen across the hits by passage priority (``passage_rank``: a passage's
+  rank among all candidate passages fused with its document's rank), so a strong document
+  can show two passages before a weak one shows any. An excerpt is the passage's best
+  sentence or line (most query-term weight, w·idf) and its neighbours, up to
+  :func:`excerpt_tokens`; excerpts of one document that overlap or touch are merged.
+* The hit lines first take up to :data:`HIT_LINES_SHARE` of the budget, then excerpts take
+  what is left, then further hits are listed while they fit; hits left out are counted.
+
+Every line is counted with the budget's counter (``context.approx_tokens`` by default:
+subadditive, so the whole counts at most the sum of its lines) and a last check cuts the
+text at the budget, so it never exceeds the budget, whatever the titles, ids or passages.
+Only the hits are read: their documents are the ones the caller's filter and access allow.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Sequence
+
+import numpy as np
+
+from funnel.pipelines.passages import line_span
+
+from .context import approx_tokens, truncate_to_budget
+from .passage_rank import PassageRanking, units
+from .result import Hit
+
+#: Tokens of the text when a search names no budget.
+DEFAULT_BUDGET = 1000
+#: Bounds on a requested budget: below the minimum a text cannot hold one quoted line.
+MIN_BUDGET = 100
+MAX_BUDGET = 32_000
+#: Share of the budget the hit lines may take before any excerpt is placed.
+HIT_LINES_SHARE = 0.3
+#: A title is shown up to this many characters.
+MAX_TITLE_CHARS = 120
+#: An excerpt cut to fit the budget's end is kept only with at least this many tokens.
+MIN_EXCERPT_TOKENS = 12
+#: The quote marker before each line of an excerpt.
+QUOTE = "   > "
+#: The query is shown up to this many characters.
+MAX_QUERY_CHARS = 200
+
+
+def excerpt_tokens(budget: int) -> int:
+    """The most tokens one excerpt takes: a sixth of the budget, 40..200 (a few sentences)."""
+    return int(min(200, max(40, budget // 6)))
+
+
+def where(text: str, a: int, b: int) -> str:
+    """``lines 3-9, page 2, start=120, end=560`` of ``text[a:b]`` (page: where the text has
+    PDF page breaks, form feeds; ``get_document`` takes start and end as they are)."""
+    first, last = line_span(text, a, b)
+    out = f"line {first}" if first == last else f"lines {first}-{last}"
+    if "\f" in text:
+        p, q = text.count("\f", 0, a) + 1, text.count("\f", 0, max(a, b - 1)) + 1
+        out += f", page {p}" if p == q else f", pages {p}-{q}"
+    return f"{out}, start={a}, end={b}"
+
+
+def _title(h: Hit) -> str:
+    t = " ".join((h.title or "").split())
+    return t if len(t) <= MAX_TITLE_CHARS else t[:MAX_TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _head(h: Hit, text: str) -> str:
+    head = f"{h.rank}. [{h.doc_id}] {_title(h)}".rstrip()
+    if h.passage is not None:
+        head += f" [{where(text, h.passage.start, h.passage.end)}]"
+    return head
+
+
+def _quote(text: str, a: int, b: int, cited: tuple[int, int] | None = None) -> list[str]:
+    """An excerpt's lines: where it is (unless it is the hit's cited passage, placed on the
+    hit's line already), then its text quoted line by line."""
+    head = [] if (a, b) == cited else [f"   {where(text, a, b)}:"]
+    return head + [QUOTE + line.strip() for line in text[a:b].splitlines() if line.strip()]
+
+
+def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Callable[[str], int]) -> tuple[int, int]:
+    """The excerpt of passage ``j`` of document ``i``: its best unit (sentence or line: most
+    distinct query-term weight, the first on ties) and the units around it, the next one
+    first, while the whole stays within ``cap`` tokens. A best unit longer than ``cap`` is
+    cut (at a sentence end or word) to ``cap``."""
+    d = ranking.docs[i]
+    a, b = (int(x) for x in d.spans[j])
+    us = units(d.text, a, b)
+    if not us:
+        return a, a
+    starts, cols, w = ranking.term_positions(i, a, b)
+    best, best_score = 0, -1.0
+    for u, (x, y) in enumerate(us):
+        lo, hi = np.searchsorted(starts, x), np.searchsorted(starts, y)
+        score = float(w[np.unique(cols[lo:hi])].sum()) if hi > lo else 0.0
+        if score > best_score:
+            best, best_score = u, score
+    lo = hi = best
+    x, y = us[best]
+    if count(d.text[x:y]) > cap:
+        cut = truncate_to_budget(d.text[x:y], cap, count)
+        return x, x + len(cut)
+    while True:
+        grew = False
+        for nxt in (hi + 1, lo - 1):
+            if 0 <= nxt < len(us):
+                x2, y2 = min(x, us[nxt][0]), max(y, us[nxt][1])
+                if count(d.text[x2:y2]) <= cap:
+                    x, y = x2, y2
+                    lo, hi = min(lo, nxt), max(hi, nxt)
+                    grew = True
+                    break
+        if not grew:
+            return x, y
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def fit(text: str, budget: int, count: Callable[[str], int] = approx_tokens) -> str:
+    """``text`` cut to ``budget`` tokens at a word (or character) if it is over."""
+    if count(text) <= budget:
+        return text
+    return truncate_to_budget(text, budget, count, min_sentence_fraction=1.1)
+
+
+def fetch_hint(doc_id: str, a: int, b: int) -> str:
+    """The last line: how to read more, with the top hit's range as the example."""
+    return (f"More: get_document({json.dumps(doc_id)}, start={a}, end={b}) returns that text; widen start/end "
+            "for its surroundings, or leave them out for the whole document (HTTP: GET /documents/ID?start=&end=).")
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int, str],
+                     ranking: PassageRanking | None, budget: int = DEFAULT_BUDGET, note: str = "",
+                     count: Callable[[str], int] = approx_tokens) -> str:
+    """The evidence-bearing text of a search (module docstring), at most ``budget`` tokens.
+
+    Parameters
+    ----------
+    hits
+        The ranked hits, each with its citation (``Hit.passage``).
+    texts
+        docno -> the hit document's text (the only texts read).
+    ranking
+        The hits' passages scored and fused (``passage_rank.rank_passages``).
+    budget
+        The most tokens the text may take, as ``count`` counts them.
+    note
+        A sentence for the reader (a mode's note), after the first line.
+    """
+    if not hits:
+        msg = f"No documents found for {query!r} ({mode})."
+        return fit(f"{msg} {note}".strip(), budget, count)
+
+    def cost(lines: list[str]) -> int:
+        return sum(count(line + "\n") for line in lines)
+
+    n = len(hits)
+    shown = query if len(query) <= MAX_QUERY_CHARS else query[:MAX_QUERY_CHARS - 1] + "…"
+    header = [f"Found {n} document{'s' if n != 1 else ''} for {shown!r} ({mode}):"] + ([note] if note else []) + [""]
+    top = hits[0]
+    a0, b0 = (top.passage.start, top.passage.end) if top.passage is not None else (0, 0)
+    footer = ["", fetch_hint(top.doc_id, a0, b0)]
+    used = cost(header) + cost(footer)
+    heads = [_head(h, texts.get(h.docno, "")) for h in hits]
+    head_cost = [count(x + "\n") for x in heads]
+
+    def more_line(left: int) -> str:
+        return f"({left} more document{'s' if left != 1 else ''} in the structured hits)"
+
+    listed = 0
+    share = used + int(HIT_LINES_SHARE * budget)
+    while listed < n:
+        reserve = count(more_line(n - listed - 1) + "\n") if listed + 1 < n else 0
+        if used + head_cost[listed] + reserve > min(budget, max(share, used + head_cost[0])):
+            break
+        used += head_cost[listed]
+        listed += 1
+    reserve = count(more_line(n - listed) + "\n") if listed < n else 0
+    used += reserve
+
+    chosen: dict[int, list[tuple[int, int]]] = {}
+    cited = {h.docno: (h.passage.start, h.passage.end) for h in hits if h.passage is not None}
+    quoted: set[str] = set()  # the same text under two ids is quoted once
+    if ranking is not None and listed:
+        cap = excerpt_tokens(budget)
+        index = {d.docno: i for i, d in enumerate(ranking.docs)}
+        listed_docs = {index[h.docno] for h in hits[:listed] if h.docno in index}
+        for _, i, j in ranking.pool():
+            if i not in listed_docs:
+                continue
+            left = budget - used
+            if left < MIN_EXCERPT_TOKENS:
+                break
+            d = ranking.docs[i]
+            at = cited.get(d.docno)
+            x, y = excerpt_span(ranking, i, j, cap, count)
+            if y <= x or _normalized(d.text[x:y]) in quoted:
+                continue
+            old = chosen.get(i, [])
+            new = _merge(old + [(x, y)])
+            if new == old:
+                continue
+            old_cost = sum(cost(_quote(d.text, a, b, at)) for a, b in old)
+            delta = sum(cost(_quote(d.text, a, b, at)) for a, b in new) - old_cost
+            if delta <= left:
+                chosen[i] = new
+                used += delta
+                quoted.add(_normalized(d.text[x:y]))
+                continue
+            # The last excerpt: cut to what is left, if that still says something.
+            room = left
+            for _ in range(6):
+                text = truncate_to_budget(d.text[x:y], room, count, min_sentence_fraction=0.0)
+                if count(text) < MIN_EXCERPT_TOKENS:
+                    break
+                trial = _merge(old + [(x, x + len(text))])
+                delta = sum(cost(_quote(d.text, a, b, at)) for a, b in trial) - old_cost
+                if delta <= left:
+                    chosen[i] = trial
+                    used += delta
+                    break
+                room -= max(1, delta - left)
+            break
+
+    # Leftover budget lists further hits.
+    used -= reserve
+    while listed < n:
+        reserve = count(more_line(n - listed - 1) + "\n") if listed + 1 < n else 0
+        if used + head_cost[listed] + reserve > budget:
+            break
+        used += head_cost[listed]
+        listed += 1
+
+    lines = list(header)
+    index = {d.docno: i for i, d in enumerate(ranking.docs)} if ranking is not None else {}
+    for h, head in zip(hits[:listed], heads):
+        lines.append(head)
+        i = index.get(h.docno)
+        for a, b in chosen.get(i, []) if i is not None else []:
+            lines += _quote(ranking.docs[i].text, a, b, cited.get(h.docno))
+    if listed < n:
+        lines.append(more_line(n - listed))
+    lines += footer
+    return fit("\n".join(lines), budget, count)
