@@ -338,6 +338,8 @@ def cmd_search(a) -> int:
         return _err("--expand asks an LLM for query expansions: give its endpoint with --chat BASE_URL#MODEL")
     if a.remove_query and not a.queries:
         return _err("--remove-query applies to a batch run (--queries FILE --run OUT)")
+    if a.queries and (hasattr(a, "offset") or a.fields is not None):
+        return _err("--offset and --fields shape the hits of one query; a run file has neither")
     if a.run:
         _writable_file(a.run, "--run")
     # One query in this process: loading numba's compiled kernels (~0.45 s) costs more than
@@ -366,6 +368,10 @@ def cmd_search(a) -> int:
             if len(errors) > SHOW_SKIPPED:
                 print(f"  ... and {len(errors) - SHOW_SKIPPED} more", file=sys.stderr)
         return 0
+    if hasattr(a, "offset"):  # the next page: the hits ranked offset+1 .. offset+k
+        opts["offset"] = a.offset
+    if a.fields is not None:
+        opts["fields"] = a.fields
     res = ix.search(a.query, mode=a.mode, k=a.k, budget=getattr(a, "budget", None),
                     passages_per_hit=getattr(a, "passages_per_hit", None), **opts)
     if a.json:
@@ -710,6 +716,12 @@ def _add_search_parser(sub, common) -> None:
     s.add_argument("--filter", default=None, metavar="JSON",
                    help='only documents whose fields match, e.g. \'{"kind": "runbook", "year": {"gte": 2024}}\' '
                         '(or @FILE); the same JSON as the HTTP and MCP "filter"; one query or a --queries batch (default: none)')
+    s.add_argument("--offset", type=int, default=argparse.SUPPRESS,
+                   help="hits to skip: print the hits ranked offset+1 .. offset+k (offset + k at most 1000) "
+                        "(default: 0)")
+    s.add_argument("--fields", default=None, metavar="NAMES",
+                   help="stored fields to add to each hit in --json: names separated by commas, or '*' for all "
+                        "(default: none)")
     ctx = s.add_argument_group("summary and context (any mode, one query)")
     ctx.add_argument("--budget", type=_positive_int, default=argparse.SUPPRESS,
                      help="most tokens of the printed summary: the hits with their best passages quoted, "

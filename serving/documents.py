@@ -32,6 +32,7 @@ import bisect
 import fnmatch
 import json
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -151,6 +152,35 @@ def page_span(fields: dict, text: str, start: int, end: int) -> tuple[int, int] 
     if starts is not None:
         return max(1, bisect.bisect_right(starts, start)), max(1, bisect.bisect_right(starts, last))
     return text.count("\f", 0, start) + 1, text.count("\f", 0, last) + 1
+
+
+def hits_with(vs: "VersionSearcher", hits: list, offset: int, wanted: tuple[str, ...] | None,
+              restricted: bool) -> list:
+    """A search's hits as a page returns them: ranks counted on from ``offset``, the
+    ``wanted`` fields (:func:`check_fields`) added, and the pages each citation spans where
+    the document has pages (:func:`page_span`)."""
+    pages = has_pages(vs.index.manifest)
+    if not (offset or wanted or pages):
+        return hits
+    docs = vs.index.docs
+    out = []
+    for h in hits:
+        changes: dict[str, Any] = {"rank": h.rank + offset} if offset else {}
+        fields_json = docs.fields_json(h.docno) if (wanted or (pages and h.passage is not None)) else None
+        if wanted:
+            changes["fields"] = select_fields(fields_json, wanted, restricted)
+        if pages and h.passage is not None:
+            have, text = parse_fields(fields_json), docs.get(h.docno)["text"] or ""
+
+            def paged(c):
+                span = page_span(have, text, c.start, c.end)
+                return c if span is None else replace(c, page_start=span[0], page_end=span[1])
+
+            changes["passage"] = paged(h.passage)
+            if getattr(h, "passages", None):
+                changes["passages"] = tuple(paged(c) for c in h.passages)
+        out.append(replace(h, **changes) if changes else h)
+    return out
 
 
 # -- lines -----------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ import anyio
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator, model_validator
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -122,7 +122,7 @@ ERROR_STATUS: dict[type[Exception], int] = {
 }
 
 # search() parameters that may not be smuggled in through "options".
-_RESERVED_OPTIONS = frozenset({"query", "mode", "k", "budget", "passages_per_hit"})
+_RESERVED_OPTIONS = frozenset({"query", "mode", "k", "budget", "passages_per_hit", "offset", "from", "fields"})
 
 
 def is_loopback(host: str) -> bool:
@@ -246,6 +246,20 @@ class SearchRequest(BaseModel):
                                                 f"{MAX_OPTIONS}, each a number, a short string or a short list")
     filter: dict[str, Any] | None = Field(None, description="only documents matching it, e.g. {\"kind\": \"runbook\", "
                                                           "\"year\": {\"gte\": 2024}} (serving/filters.py)")
+    offset: StrictInt = Field(0, ge=0, le=MAX_K - 1, description="hits to skip (also \"from\"); offset + k is at "
+                                                                 f"most {MAX_K}")
+    fields: FieldNames | FieldName | None = Field(None, description="stored fields to add to each hit: names, or "
+                                                                "\"*\" for all of them (default: none)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_is_offset(cls, body: Any) -> Any:
+        # Elasticsearch's name for the same thing; both at once would be ambiguous
+        if isinstance(body, dict) and "from" in body:
+            if "offset" in body:
+                raise ValueError("give offset or from (the same thing), not both")
+            body = {("offset" if key == "from" else key): v for key, v in body.items()}
+        return body
 
     @field_validator("query")
     @classmethod
@@ -377,16 +391,17 @@ def get_documents(searcher: Searcher, ids: list[str] | None, start: Any = None, 
 
 def search_with_options(searcher: Searcher, query: str, mode: str | None, k: int, options: dict[str, Any],
                         filter: dict[str, Any] | None = None, principal=None, budget: int | None = None,
-                        passages_per_hit: int | None = None):
+                        passages_per_hit: int | None = None, **page: Any):
     """``searcher.search`` for a front end (``/search``, the MCP ``search`` tool).
 
     Every number is checked before the search (``serving/options.py``); an option value
     that only a mode can judge (``length_norm=5``) surfaces as a TypeError or ValueError
     deep in it, and becomes a :class:`SearchError` naming the options (a 400, a tool error).
+    ``page``: ``offset`` and ``fields``, as ``search`` takes them.
     """
     try:
         return searcher.search(query, mode=mode, k=k, filter=filter, principal=principal, budget=budget,
-                               passages_per_hit=passages_per_hit, **options)
+                               passages_per_hit=passages_per_hit, **page, **options)
     except SearchError:
         raise
     except (TypeError, ValueError) as e:
@@ -809,7 +824,8 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     def search(req: SearchRequest, request: Request, s: Searcher = Depends(refreshed)) -> dict[str, Any]:
         return search_with_options(s, req.query, req.mode, req.k, req.options, filter=req.filter,
                                    principal=principal_of(request), budget=req.budget,
-                                   passages_per_hit=req.passages_per_hit).to_dict()
+                                   passages_per_hit=req.passages_per_hit, offset=req.offset,
+                                   fields=req.fields).to_dict()
 
     @app.get("/documents")
     def list_documents(request: Request, s: Searcher = Depends(refreshed),

@@ -337,6 +337,10 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
             description="only documents whose fields match, e.g. {\"kind\": \"runbook\"}, "
                         "{\"year\": {\"gte\": 2024}}, {\"tags\": {\"any\": [\"billing\"]}}; "
                         "and / or / not combine them")] = None,
+        offset: Annotated[StrictInt, Field(ge=0, le=MAX_K - 1, description="hits to skip, for the next page: the "
+                                                                          "hits ranked offset+1 .. offset+k (offset "
+                                                                          f"+ k at most {MAX_K})")] = 0,
+        fields: Fields = None,
         ctx: Context = None,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the collection; the text is the ranked documents with their best passages quoted.
@@ -351,7 +355,7 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
         except ValueError as e:
             raise ToolError(str(e)) from e
         res = guarded(search_with_options, searcher, query, mode, k, opts, filter=filter, principal=caller(ctx),
-                      budget=budget, passages_per_hit=passages_per_hit)
+                      budget=budget, passages_per_hit=passages_per_hit, offset=offset, fields=fields)
         return _text_result(res.summary, res.to_dict())
 
     @server.tool(annotations=_READ_ONLY, description=(

@@ -1,6 +1,9 @@
 """The result an agent gets: a short readable summary plus structured hits and a trace.
 
-The same object is returned by the Python API, the CLI (``--json``), HTTP and MCP.
+The same object is returned by the Python API, the CLI (``--json``), HTTP and MCP. Every
+level is plain data: a frozen dataclass read by attribute (``hit.passage.start``) or by key
+(``hit["passage"]["start"]``, :class:`Record`), and ``to_dict()`` gives the JSON that HTTP
+and MCP send.
 """
 
 from __future__ import annotations
@@ -9,8 +12,30 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+class Record:
+    """Read access by key for the result dataclasses: ``obj["name"]`` is ``obj.name`` (a
+    KeyError for a name that is not a field), ``"name" in obj`` and ``keys()`` list the fields;
+    ``to_dict()`` is the JSON form (nested records as dicts)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(key, str) or key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.__dataclass_fields__
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class Citation:
+class Citation(Record):
     """A hit's best passage: what an agent quotes, and where it is.
 
     ``start``/``end`` are character offsets into the document's text (``text[start:end]``
@@ -21,6 +46,8 @@ class Citation:
     the passage index of ``funnel build --bm25-passages``), ``terms`` (BM25 of the query
     terms over its text), or two fused, ``dense+bm25`` / ``dense+terms``. ``score`` is the
     fused score where two signals ranked it, else its one signal's score (cosine or BM25).
+    ``page_start`` / ``page_end`` are the 1-based pages the passage spans in a document with
+    pages (a PDF of a folder corpus; ``documents.page_span``), else None.
     """
 
     text: str
@@ -31,14 +58,19 @@ class Citation:
     ordinal: int | None = None
     score: float | None = None
     via: str = ""
+    page_start: int | None = None
+    page_end: int | None = None
 
 
 @dataclass(frozen=True)
-class Hit:
+class Hit(Record):
     """One retrieved document.
 
     ``docno`` is the index-internal document number, ``shard << 32 | local_id``; it is
-    what FAISS ids and postings use. ``doc_id`` is the corpus id.
+    what FAISS ids and postings use. ``doc_id`` is the corpus id. ``rank`` counts from 1 in
+    the whole ranking (a search with ``offset`` starts at ``offset + 1``). ``fields`` are the
+    stored fields a search asked for (``fields=``), None when it asked for none (and then
+    absent from ``to_dict()``).
     """
 
     doc_id: str
@@ -52,25 +84,36 @@ class Hit:
     explain: dict[str, Any] = field(default_factory=dict)
     passage: Citation | None = None  # the best passage (see Citation); None without explain
     passages: tuple[Citation, ...] = ()  # its best passages, best first (passages_per_hit); passage is the first
+    fields: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["matched_terms"] = list(self.matched_terms)
         d["passages"] = list(d["passages"])
+        if d["fields"] is None:
+            del d["fields"]
         return d
 
 
 @dataclass(frozen=True)
-class SearchResult:
+class SearchResult(Record):
+    """One search's answer: ``summary`` (the text an agent reads), ``hits`` best first,
+    ``trace`` (parameters, timings); ``total`` (``{"value", "relation"}``: how many documents
+    match, ``relation`` "eq" or, for a lower bound, "gte"; ``serving.paging``) and
+    ``offset`` (hits skipped before the first one here)."""
+
     query: str
     mode: str
     summary: str
     hits: tuple[Hit, ...]
     trace: dict[str, Any] = field(default_factory=dict)
+    total: dict[str, Any] = field(default_factory=dict)
+    offset: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"query": self.query, "mode": self.mode, "summary": self.summary,
-                "hits": [h.to_dict() for h in self.hits], "trace": self.trace}
+                "hits": [h.to_dict() for h in self.hits], "trace": self.trace, "total": self.total,
+                "offset": self.offset}
 
 
 def docno(shard: int, local_id: int) -> int:

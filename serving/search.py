@@ -282,7 +282,7 @@ class VersionSearcher:
 
     def search(self, query: str, mode: str | None = None, k: int = 10, *, explain: bool = True,
                filter: Any = None, principal: Any = None, budget: int | None = None,
-               passages_per_hit: int | None = None,
+               passages_per_hit: int | None = None, offset: int = 0, fields: Any = None,
                **options) -> SearchResult:
         """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...).
 
@@ -295,19 +295,34 @@ class VersionSearcher:
         passages quoted, at most ``budget`` tokens (default ``summary.DEFAULT_BUDGET``).
         Each hit cites its best passage (``passage``) and carries up to ``passages_per_hit``
         (default 1) ranked passages (``passages``), scored by ``serving.passage_rank``. With
-        ``explain=False`` there are no citations, and the summary lists the hits only."""
+        ``explain=False`` there are no citations, and the summary lists the hits only.
+
+        ``offset`` skips that many hits (the hits ranked ``offset + 1`` .. ``offset + k``;
+        ``offset + k`` at most :data:`MAX_K`), and ``total`` counts the matches
+        (``serving.paging``). ``fields`` (names, or ``"*"``) adds each hit's stored fields
+        (``serving.documents``); a citation of a document with pages (a PDF) names them."""
         budget, passages_per_hit = _check_summary_args(budget, passages_per_hit)
+        page = self._page(k, offset, fields, principal)
         if mode is None:
             mode = self.default_mode()
         if filter is not None or principal is not None:
             mask = self.mask(filter, principal)
             scope = self._scope(mask, filter, principal)
             with filters.scope(mask):
-                res = self._search(query, mode, k, explain, budget, passages_per_hit, options, scope)
+                res = self._search(query, mode, k, explain, budget, passages_per_hit, options, scope, page)
             if filter is not None:
                 res.trace["filter"] = {"filter": filter, "documents": mask.count}
             return res
-        return self._search(query, mode, k, explain, budget, passages_per_hit, options, None)
+        return self._search(query, mode, k, explain, budget, passages_per_hit, options, None, page)
+
+    def _page(self, k: Any, offset: Any, fields: Any, principal: Any) -> tuple[int, tuple | None, bool]:
+        """(offset, fields, restricted) of a search, checked before it runs (``serving.paging``,
+        ``serving.documents``)."""
+        from . import documents, paging
+        whole_k = k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 1  # _check judges k itself
+        restricted = principal is not None and not principal.admin
+        return (paging.check_offset(offset, whole_k, MAX_K),
+                documents.check_fields(fields, documents.known_fields(self.index.manifest, restricted)), restricted)
 
     def _scope(self, mask, filter: Any, principal: Any) -> dict | None:
         """What a filtered or restricted search may say about its documents when it finds none:
@@ -322,15 +337,20 @@ class VersionSearcher:
         return {"filtered": filter is not None, "restricted": restricted, "allowed": allowed, "visible": visible}
 
     def _search(self, query: str, mode: str, k: int, explain: bool, budget: int, passages_per_hit: int,
-                options: dict, scope: dict | None) -> SearchResult:
+                options: dict, scope: dict | None, page: tuple = (0, None, False)) -> SearchResult:
+        from . import documents, paging
+        offset, wanted, restricted = page
         query = self._check(query, mode, k)
         options = self._check_options(mode, options)
         context_tokens = options.pop("context_tokens", None)
         t0 = time.perf_counter()
-        scored, trace, note, matched_fn = self.modes()[mode](query, k, options)
+        scored, trace, note, matched_fn = self.modes()[mode](query, k + offset, options)
+        total = paging.total_of(self, mode, query, len(scored), k + offset, filters.current())
+        scored = scored[offset:]
         trace = {"version": self.version, **trace}
         t = time.perf_counter()
         hits, ranking, texts = self._hits(query, mode, scored, matched_fn, explain, trace, passages_per_hit)
+        hits = documents.hits_with(self, hits, offset, wanted, restricted)
         timings = {"hits": round((time.perf_counter() - t) * 1000, 3)}
         if context_tokens:
             trace["context"] = self._context(query, mode, trace, hits, ranking, texts, int(context_tokens))
@@ -350,7 +370,7 @@ class VersionSearcher:
                                    if ranking is not None else {})}
         trace["timings_ms"] = {**trace.get("timings_ms", {}), **timings,
                                "total": round((time.perf_counter() - t0) * 1000, 3)}
-        return SearchResult(query, mode, summary, tuple(hits), trace)
+        return SearchResult(query, mode, summary, tuple(hits), trace, total=total, offset=offset)
 
     def search_batch(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
                      remove_query: bool = False, errors: dict[str, str] | None = None,

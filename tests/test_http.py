@@ -46,7 +46,7 @@ def test_search_returns_summary_hits_and_trace(client, searcher):
     r = client.post("/search", json={"query": QUERY, "k": 5})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"query", "mode", "summary", "hits", "trace"}
+    assert set(body) == {"query", "mode", "summary", "hits", "trace", "total", "offset"}
     assert body["query"] == QUERY and body["mode"] == "bm25"
     assert body["summary"].startswith(f"Found {len(body['hits'])} documents for {QUERY!r} (bm25):")
     assert 1 <= len(body["hits"]) <= 5

@@ -84,7 +84,7 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
     top = expected.hits[0].passage
     assert f"[{expected.hits[0].doc_id}]" in expected.summary and f"start={top.start}, end={top.end}" in expected.summary
     sc = res.structured_content
-    assert set(sc) == {"query", "mode", "summary", "hits", "trace"}
+    assert set(sc) == {"query", "mode", "summary", "hits", "trace", "total", "offset"}
     assert sc["hits"] == [h.to_dict() for h in expected.hits]
     assert sc["hits"][0]["doc_id"].startswith("argparse") and sc["trace"]["version"] == searcher.version
 

@@ -334,3 +334,64 @@ def test_mcp_list_and_get_per_caller_over_streamable_http(corpus):
     assert hidden.content[0].text == missing.content[0].text.replace("no-such-doc", "secret/payroll.md")
     for res in bob:
         assert "vexillar" not in json.dumps(res.structured_content or {}) + res.content[0].text
+
+
+# -- pages of a PDF's citations -----------------------------------------------------------------
+
+def test_a_pdf_citation_names_its_pages(tmp_path):
+    """A folder with a 4-page PDF (pypdf reads it, as a build does): a hit's citations carry the
+    pages they span, the same as ``page_of`` over the stored ``page_starts``; a Markdown
+    file's citations have none. Over Python, HTTP and MCP."""
+    import random
+
+    from funnel.jobs.build_index import build
+    from funnel.pipelines.formats.pdf import page_of
+    from test_folder_corpus import make_pdf
+
+    rng = random.Random(3)
+    words = ("river", "stone", "market", "signal", "garden", "engine", "harbor", "ledger", "window", "orbit")
+    pages = [[" ".join(rng.choice(words) for _ in range(10)) for _ in range(40)] for _ in range(4)]
+    pages[2][20] += " narwhal"  # only on page 3
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "report.pdf").write_bytes(make_pdf(pages, title="Survey"))
+    (kb / "notes.md").write_text("# Notes\n\nA narwhal was seen near the harbor.\n")
+    build(str(kb), str(tmp_path / "ix"), engine="local")
+    ix = open_index(str(tmp_path / "ix"))
+    try:
+        starts = ix.get_document("report.pdf", fields=["page_starts"])["fields"]["page_starts"]
+        assert len(starts) == 4
+        res = ix.search("narwhal harbor", mode="bm25", k=2, passages_per_hit=3)
+        by_id = {h.doc_id: h for h in res.hits}
+        pdf, md = by_id["report.pdf"], by_id["notes.md"]
+        text = ix.get_document("report.pdf", max_chars=10**6)["text"]
+        assert "narwhal" in pdf.passage.text and pdf.passage.page_start <= 3 <= pdf.passage.page_end
+        for c in pdf.passages:
+            last = len(text[:c.end].rstrip()) - 1
+            assert (c.page_start, c.page_end) == (page_of(starts, c.start), page_of(starts, max(last, c.start)))
+            assert c.page_start == text.count("\f", 0, c.start) + 1
+        assert (md.passage.page_start, md.passage.page_end) == (None, None)
+        with live_server(create_app(ix)) as port:
+            got = httpx.post(f"http://127.0.0.1:{port}/search", timeout=60,
+                             json={"query": "narwhal harbor", "mode": "bm25", "k": 2}).json()
+        assert {h["doc_id"]: h["passage"]["page_start"] for h in got["hits"]} == \
+            {"report.pdf": pdf.passage.page_start, "notes.md": None}
+        mcp = with_client(build_mcp_server(ix), lambda c: c.call_tool("search", {"query": "narwhal", "mode": "bm25"}))
+        hit = next(h for h in mcp.structured_content["hits"] if h["doc_id"] == "report.pdf")
+        assert (hit["passage"]["page_start"], hit["passage"]["page_end"]) == (3, 3)
+    finally:
+        ix.close()
+
+
+def test_results_are_plain_data_at_every_level(ix):
+    """A result, its hits and their citations read by attribute or by key, and ``to_dict()``
+    at every level is the JSON form (what HTTP and MCP send)."""
+    res = ix.search("tuning line 17", mode="bm25", k=3, fields=["team"])
+    hit, cite = res.hits[0], res.hits[0].passage
+    assert res["hits"][0]["passage"]["start"] == cite.start == cite["start"] and hit["doc_id"] == hit.doc_id
+    assert cite.to_dict() == res.to_dict()["hits"][0]["passage"] == {k: cite[k] for k in cite.keys()}
+    assert hit.to_dict() == res.to_dict()["hits"][0] and hit.to_dict()["fields"] == {"team": "search"}
+    assert "start" in cite and "nope" not in cite and res["total"] == res.total
+    with pytest.raises(KeyError):
+        cite["nope"]
+    assert json.loads(json.dumps(res.to_dict())) == res.to_dict()
