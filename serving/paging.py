@@ -32,7 +32,9 @@ import numpy as np
 
 from .errors import SearchError
 
-#: Postings a bm25 total reads, at most, before it settles for a lower bound: ~1 ms of marking.
+#: Postings a bm25 total reads, at most, before it settles for a lower bound: marking 200,000
+#: of them in a 1M-document shard and counting the allowed ones takes ~0.5 ms of CPU, small
+#: beside the search itself.
 EXACT_TOTAL_POSTINGS = 200_000
 
 
