@@ -87,7 +87,7 @@ class LoadClients:
     """``clients`` threads posting ``/search`` to ``url`` until stopped; a context manager.
 
     ``check(query, body)`` may add a test of each answer: a string (what is wrong) makes
-    the request a failure. :meth:`wait_for` waits until an answer came from a version.
+    the request a failure. `wait_for` waits until an answer came from a version.
     """
 
     def __init__(self, url: str, queries: list[str], clients: int = 16, k: int = 10,

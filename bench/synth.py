@@ -4,7 +4,7 @@
 
 Writes a BEIR folder: ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl``
 (``_id``, ``text``), ``qrels/test.tsv`` and ``meta.json`` (the parameters and counts;
-:func:`ensure` regenerates only when they differ). For scale benchmarks only: the words
+`ensure` regenerates only when they differ). For scale benchmarks only: the words
 mean nothing and the qrels are pseudo (each query's source document), so metrics on it
 say nothing about quality.
 

@@ -6,7 +6,7 @@
 pruning; here terms co-occur as they do in the real collections, so a query's terms meet in
 the same documents and a top-k forms early. Writes a BEIR folder (``corpus.jsonl`` with
 ``_id``, ``title``, ``text``; ``queries.jsonl`` and ``qrels/test.tsv`` of pseudo queries;
-``meta.json``, which :func:`ensure` compares to regenerate only when it differs).
+``meta.json``, which `ensure` compares to regenerate only when it differs).
 
 The model:
 

@@ -89,7 +89,7 @@ class FlippedQuery:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Everything :func:`compare_runs` found; ``to_dict`` for JSON, ``to_text`` for people."""
+    """Everything `compare_runs` found; ``to_dict`` for JSON, ``to_text`` for people."""
 
     name_a: str
     name_b: str
@@ -162,7 +162,7 @@ def success_at_k(
         ``hit``: any relevant document in the top k; ``recall``: all of them.
     ties : {"trec_eval", "rank"}
         Order of the top k: trec_eval's (score desc, docid desc; default) or the run's
-        own (docid asc); see :func:`funnel.evaluation.trec.ranked_docids`.
+        own (docid asc); see `funnel.evaluation.trec.ranked_docids`.
     """
     if success not in SUCCESS_MODES:
         raise ValueError(f"unknown success mode {success!r}; choose one of {', '.join(SUCCESS_MODES)}")

@@ -18,7 +18,7 @@ match "café"). A query with answers but no run results counts as not covered; a
 without any token are ignored, and queries left without an answer are not counted.
 
 Answers come from BEIR ``queries.jsonl`` metadata (``metadata.answers``: list, or
-``metadata.answer``: string) or a JSON file ``{qid: [answers]}`` (see :func:`load_answers`).
+``metadata.answer``: string) or a JSON file ``{qid: [answers]}`` (see `load_answers`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def answer_coverage(
     doc_text : Callable[[str], str] or Mapping[str, str]
         The text of a document by id (e.g. title + text from the corpus).
     answers : Mapping[str, Sequence[str]]
-        Gold answers by query id (:func:`load_answers`).
+        Gold answers by query id (`load_answers`).
     ks : Sequence[int]
         Cutoffs to report.
     ties : {"trec_eval", "rank"}

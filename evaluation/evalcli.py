@@ -2,7 +2,7 @@
 
 Why separate from ``cli.py``: the evaluation layer needs no index, so the main CLI only
 registers this parser (``add_compare_parser(subparsers)``) and stays a thin dispatcher.
-The statistics are those of :mod:`funnel.evaluation.compare` (McNemar on success@k, a
+The statistics are those of `funnel.evaluation.compare` (McNemar on success@k, a
 sign-flip randomization test and bootstrap CI on NDCG@10).
 
     funnel compare RUN_A RUN_B --qrels QRELS [--queries QUERIES] [--k 10]
@@ -30,7 +30,7 @@ def _positive_int(text: str) -> int:
 def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``compare`` on ``subparsers``.
 
-    The handler :func:`run_compare` is set as both ``args.func`` and ``args.fn``; it
+    The handler `run_compare` is set as both ``args.func`` and ``args.fn``; it
     returns the exit code 0.
 
     Parameters

@@ -6,13 +6,13 @@ both are stated in every summary and report:
 
 * **tie order**: BM25 runs are written the way Anserini writes them (scores rounded to 4
   decimals, remaining ties broken by docid ascending with 1e-6 steps,
-  :func:`funnel.evaluation.trec.tiebreak`), dense and hybrid runs with their exact scores as
+  `funnel.evaluation.trec.tiebreak`), dense and hybrid runs with their exact scores as
   BEIR and MTEB evaluate them; every run is evaluated as trec_eval evaluates the written
-  file (:mod:`funnel.evaluation.metrics`), so the figures are the published ones;
+  file (`funnel.evaluation.metrics`), so the figures are the published ones;
 * **remove-query** (BEIR ``ignore_identical_ids``, Pyserini ``--remove-query``): drop the
   hit whose doc id is the query id. ``"auto"`` turns it on when at least
-  :data:`REMOVE_QUERY_AUTO_SHARE` of the qrels query ids are corpus ids (ArguAna, Quora,
-  CQADupStack), which :func:`decide_remove_query` reads from ``corpus.jsonl`` (ids only,
+  `REMOVE_QUERY_AUTO_SHARE` of the qrels query ids are corpus ids (ArguAna, Quora,
+  CQADupStack), which `decide_remove_query` reads from ``corpus.jsonl`` (ids only,
   streamed).
 
 A query the searcher refuses (empty, too long) is skipped, scores 0, and is listed, instead
@@ -104,7 +104,7 @@ def decide_remove_query(setting: object, dataset_dir: str, qids: Collection[str]
     Parameters
     ----------
     setting : {"auto", "on", "off"} or bool
-        ``"auto"``: on when at least :data:`REMOVE_QUERY_AUTO_SHARE` of ``qids`` are
+        ``"auto"``: on when at least `REMOVE_QUERY_AUTO_SHARE` of ``qids`` are
         corpus ids.
     dataset_dir : str
         BEIR directory; its ``corpus.jsonl`` ids are streamed (only for ``"auto"``).
@@ -145,8 +145,8 @@ def run_mode(searcher, queries: dict[str, str], mode: str, k: int = 100, *, remo
              errors: dict[str, str] | None = None, **options) -> dict[str, dict[str, float]]:
     """One mode's run ``{qid: {doc_id: score}}`` as it is written and evaluated.
 
-    Lexical modes' scores go through :func:`funnel.evaluation.trec.tiebreak` (Anserini's
-    convention; :func:`~funnel.evaluation.trec.run_as_written`), so the figures printed
+    Lexical modes' scores go through `funnel.evaluation.trec.tiebreak` (Anserini's
+    convention; `run_as_written`), so the figures printed
     equal trec_eval's on the run file written from them.
     """
     run = searcher.search_batch(queries, mode=mode, k=k, remove_query=remove_query, errors=errors, **options)
@@ -174,9 +174,9 @@ def eval_dataset(searcher, dataset_dir: str, modes: list[str], split: str = "tes
     Parameters
     ----------
     remove_query : {"auto", "on", "off"} or bool
-        Drop the hit whose doc id equals the query id (see :func:`decide_remove_query`).
+        Drop the hit whose doc id equals the query id (see `decide_remove_query`).
     ties : {"trec_eval", "rank"}
-        Tie order of every metric (:func:`funnel.evaluation.metrics.evaluate`).
+        Tie order of every metric (`funnel.evaluation.metrics.evaluate`).
 
     Returns
     -------

@@ -22,7 +22,7 @@ qrels are ignored.
 
 Tie order. By default (``ties="trec_eval"``) pytrec_eval receives the run's real scores,
 so tied documents are ordered as trec_eval orders them (docid descending) and the figure
-is the one trec_eval prints for the written run (:func:`~funnel.evaluation.trec.write_run`
+is the one trec_eval prints for the written run (`write_run`
 writes exact scores, so file and memory agree). ``ties="rank"`` evaluates the system's own
 order instead (ties by docid ascending, funnel's rule) by handing pytrec_eval rank-based
 scores. The two differ only where scores tie, i.e. on collections with duplicate
@@ -30,7 +30,7 @@ documents: funnel's BM25 on NFCorpus prints NDCG@10 0.3206 (trec_eval) vs 0.3218
 Note that Anserini/Pyserini runs carry no exact ties (its tie-breaking reranker rounds
 scores to 4 decimals and perturbs tied ones so that docids sort ascending), so trec_eval
 on them gives the docid-ascending figure: Pyserini's published NFCorpus 0.3218. Label
-which order a figure uses (:func:`describe_ties`).
+which order a figure uses (`describe_ties`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def evaluate(
     Parameters
     ----------
     run : Mapping[str, Mapping[str, float]]
-        ``{qid: {docid: score}}``, e.g. from :func:`funnel.evaluation.trec.read_run`.
+        ``{qid: {docid: score}}``, e.g. from `funnel.evaluation.trec.read_run`.
     qrels : Mapping[str, Mapping[str, int]]
         ``{qid: {docid: grade}}``.
     metrics : Sequence[str]

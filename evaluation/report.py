@@ -2,7 +2,7 @@
 
 Why: a change to funnel is judged by (1) a markdown report that puts every mode's
 metrics side by side and tests each mode against the first (the baseline) with
-:mod:`funnel.evaluation.compare`, with a plot of where the per-query differences lie; and
+`funnel.evaluation.compare`, with a plot of where the per-query differences lie; and
 (2) a regression matrix in the style of Pyserini's ``2cr/beir.yaml``: each row pins
 ``expected`` for a (dataset, mode, metric) and passes when
 
@@ -42,7 +42,7 @@ def _pyplot():
 
 
 def _values(per_query: Mapping[str, object], metric: str) -> dict[str, float]:
-    """Accept ``{qid: float}`` or ``{qid: {metric: float}}`` (as :func:`evaluate` returns)."""
+    """Accept ``{qid: float}`` or ``{qid: {metric: float}}`` (as `evaluate` returns)."""
     out = {}
     for q, v in per_query.items():
         out[q] = float(v[metric]) if isinstance(v, Mapping) else float(v)  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def write_report(
     metrics_by_mode : Mapping[str, Mapping[str, float]]
         ``{mode: mean metrics}`` in display order; the first mode is the baseline.
     comparisons : Sequence[Comparison]
-        Each other mode compared with the baseline (:func:`compare_runs`).
+        Each other mode compared with the baseline (`compare_runs`).
     png_path : str or PathLike or None
         Where to draw one panel per comparison; linked from the report. ``None`` skips it.
     notes : Sequence[str]
@@ -253,14 +253,14 @@ def check_matrix(
     Parameters
     ----------
     rows : Sequence[MatrixRow]
-        From :func:`load_matrix`.
+        From `load_matrix`.
     measured : Mapping[tuple[str, str, str], float]
         ``{(dataset, mode, metric): value}``.
 
     Returns
     -------
     list[CheckRow]
-        One per row, in order; see :func:`format_checks` to print them.
+        One per row, in order; see `format_checks` to print them.
     """
     out = []
     for r in rows:
@@ -275,7 +275,7 @@ def check_matrix(
 
 
 def format_checks(checks: Sequence[CheckRow]) -> str:
-    """A markdown table of :func:`check_matrix` results, with a summary line."""
+    """A markdown table of `check_matrix` results, with a summary line."""
     table = format_table(
         [{"dataset": c.dataset, "mode": c.mode, "metric": c.metric, "expected": c.expected,
           "measured": c.measured, "diff": None if c.measured is None else c.measured - c.expected,

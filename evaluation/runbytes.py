@@ -37,9 +37,9 @@ SLACK = 16
 
 
 class IdTable(NamedTuple):
-    """Every doc id of an index as bytes, for :func:`write_rows`: the id at global position
+    """Every doc id of an index as bytes, for `write_rows`: the id at global position
     ``p`` is ``data[offsets[p]:offsets[p + 1]]``, and ``rank[p]`` is its place in str order.
-    Built by :func:`id_table`, which checks once that every id is ASCII, non-empty and
+    Built by `id_table`, which checks once that every id is ASCII, non-empty and
     without whitespace (what the lines need)."""
 
     data: np.ndarray  # uint8
@@ -48,7 +48,7 @@ class IdTable(NamedTuple):
 
 
 def id_table(data: np.ndarray, offsets: np.ndarray, rank: np.ndarray) -> IdTable | None:
-    """An :class:`IdTable` over these arrays, or None where :func:`write_rows` cannot use it
+    """An `IdTable` over these arrays, or None where `write_rows` cannot use it
     (numba absent, or an id that is empty, not ASCII, or has whitespace)."""
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     padded = np.zeros(len(data) + SLACK, dtype=np.uint8)  # room for _run_chunk's fixed-size copies
@@ -59,7 +59,7 @@ def id_table(data: np.ndarray, offsets: np.ndarray, rank: np.ndarray) -> IdTable
     return IdTable(padded, offsets, rank)
 
 
-#: Bytes formatted between writes by :func:`write_rows` (grown for a row that needs more).
+#: Bytes formatted between writes by `write_rows` (grown for a row that needs more).
 CHUNK = 1 << 18
 
 
@@ -68,7 +68,7 @@ def write_rows(write: Callable[[memoryview], object], qids: list[str], positions
     """Anserini's tie-break and the lines of a run part, compiled: ``write``s the bytes
     ``write_run_rows(..., tiebreak=True)`` writes for rows whose ids are ``table``'s at
     ``positions`` ([n, k] global positions) with ``scores``, best first. Each score is
-    rounded to 4 decimals as Python's ``round`` does (:func:`round4`); ties (equal rounded
+    rounded to 4 decimals as Python's ``round`` does (`round4`); ties (equal rounded
     scores) are put in id order through ``table.rank``; the i-th of a tie is lowered by
     i·1e-6 and rounded to 6 decimals. Returns how many rows (from the first) it wrote: it stops before a row where
     the bytes would not provably be the same (a row not in descending order, a position

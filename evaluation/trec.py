@@ -7,10 +7,10 @@ compared without an index. The formats are:
 * **TREC run**: one line per retrieved document, ``qid Q0 docid rank score tag``
   (whitespace separated). trec_eval ignores the ``rank`` column and re-sorts each query
   by ``score`` descending, breaking ties by ``docid`` in *descending* string order; every
-  figure funnel prints follows that order by default (:func:`ranked_docids`).
-  :func:`write_run` writes ranks 1..n in funnel's own order (ties by ``docid``
+  figure funnel prints follows that order by default (`ranked_docids`).
+  `write_run` writes ranks 1..n in funnel's own order (ties by ``docid``
   ascending, Anserini's rule) and the exact scores, so trec_eval on the file and
-  :func:`funnel.evaluation.metrics.evaluate` on the run in memory print the same figure.
+  `funnel.evaluation.metrics.evaluate` on the run in memory print the same figure.
 * **qrels**: BEIR ``qrels/<split>.tsv`` (``query-id<TAB>corpus-id<TAB>score`` with a
   header line) or TREC qrels (``qid 0 docid rel``). Relevance is an integer grade;
   a document is relevant when its grade is >= 1 (trec_eval's default).
@@ -58,7 +58,7 @@ def open_text(path: PathLike, mode: str = "r") -> TextIO:
 
 @contextlib.contextmanager
 def published_text(path: PathLike) -> Iterator[TextIO]:
-    """A file opened for writing with :func:`open_text` that appears at ``path`` whole or not
+    """A file opened for writing with `open_text` that appears at ``path`` whole or not
     at all: it is written beside ``path`` under a hidden temporary name and renamed over it
     once closed, so a run cut short (an error, a full disk, a kill) leaves any earlier file
     there as it was and no partial one. A path that is not a plain file (``/dev/stdout``, a
@@ -93,7 +93,7 @@ TIE_ORDERS = ("trec_eval", "rank")
 
 
 def check_ties(ties: str) -> str:
-    """Validate a tie-order name (see :func:`ranked_docids`); returns it."""
+    """Validate a tie-order name (see `ranked_docids`); returns it."""
     if ties not in TIE_ORDERS:
         raise ValueError(f"unknown tie order {ties!r}; choose one of {', '.join(TIE_ORDERS)}")
     return ties
@@ -112,7 +112,7 @@ def ranked_docids(scores: Mapping[str, float], k: int | None = None, ties: str =
         ``"trec_eval"`` (default): score descending, ties by docid *descending*, the order
         trec_eval (``form_res_rels.c``: ``strcmp(d2, d1)``) evaluates, so every cut agrees
         with the published figures. ``"rank"``: score descending, ties by docid ascending,
-        the order funnel (and Anserini) rank in and :func:`write_run` writes.
+        the order funnel (and Anserini) rank in and `write_run` writes.
 
     Returns
     -------
@@ -210,7 +210,7 @@ def tiebreak(docs: Mapping[str, float]) -> dict[str, float]:
 
 
 def tiebreak_run(run: Mapping[str, Mapping[str, float]]) -> Run:
-    """:func:`tiebreak` applied to every query of a run."""
+    """`tiebreak` applied to every query of a run."""
     return {qid: tiebreak(docs) for qid, docs in run.items()}
 
 
@@ -220,7 +220,7 @@ ANSERINI_MODES = frozenset({"bm25", "sira"})
 
 
 def run_as_written(run: Mapping[str, Mapping[str, float]], mode: str) -> Run:
-    """The run as funnel writes it for ``mode``: Anserini's :func:`tiebreak` for the lexical
+    """The run as funnel writes it for ``mode``: Anserini's `tiebreak` for the lexical
     modes, the exact scores for the others. Evaluating this is evaluating the file."""
     if mode in ANSERINI_MODES:
         return tiebreak_run(run)
@@ -243,9 +243,9 @@ def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], tag: str) 
     -----
     Ranks are 1-based, by score descending, ties by docid ascending (funnel's order;
     trec_eval ignores the rank column). Scores are written with ``repr``, never rounded,
-    so that :func:`read_run` gives back exactly the same floats: the file has exactly the
+    so that `read_run` gives back exactly the same floats: the file has exactly the
     ties the run in memory has, and evaluates to the same figures. The file appears whole
-    or not at all (:func:`published_text`).
+    or not at all (`published_text`).
     """
     if not tag or _BAD_ID.search(tag):
         raise ValueError(f"run tag {tag!r} must be non-empty without whitespace; use e.g. 'funnel-bm25'")
@@ -272,7 +272,7 @@ def _run_order(kv: tuple[str, float]) -> tuple[float, str]:
 class RunRows(NamedTuple):
     """Part of a run as arrays: query ``qids[i]``'s hits are ``doc_ids[i, :counts[i]]``
     (str) with ``scores[i, :counts[i]]``, best first (entries past ``counts[i]`` are
-    padding). What ``Searcher.search_batch_rows`` returns and :func:`write_run_rows` writes.
+    padding). What ``Searcher.search_batch_rows`` returns and `write_run_rows` writes.
     ``positions`` and ``names`` (an index's ``runbytes.IdTable``), where given, are where the
     ids come from: the doc ids at ``positions`` in ``names``; the tie-broken lines are then
     written straight from them (``runbytes.write_rows``)."""
@@ -328,7 +328,7 @@ def _sort_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> None:
 
 
 def _tiebreak_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """:func:`tiebreak` of every row at once (rows already in run order on return)."""
+    """`tiebreak` of every row at once (rows already in run order on return)."""
     s = _round_like_python(scores, TIEBREAK_DECIMALS)
     _sort_rows(ids, s, valid)
     col = np.broadcast_to(np.arange(s.shape[1]), s.shape)
@@ -339,17 +339,17 @@ def _tiebreak_rows(ids: np.ndarray, scores: np.ndarray, valid: np.ndarray) -> np
 
 
 def write_run_rows(path: PathLike, parts: Iterable[RunRows], tag: str, *, tiebreak: bool) -> int:
-    """Write a run given as :class:`RunRows` parts: the same bytes as
+    """Write a run given as `RunRows` parts: the same bytes as
     ``write_run(path, run_as_written(run, mode), tag)`` for the same hits, with
-    ``tiebreak`` for the modes written the Anserini way (:data:`ANSERINI_MODES`). Returns
-    the number of queries written. The file appears whole or not at all (:func:`published_text`).
+    ``tiebreak`` for the modes written the Anserini way (`ANSERINI_MODES`). Returns
+    the number of queries written. The file appears whole or not at all (`published_text`).
 
     Whole arrays at a time instead of a Python step per hit (the dict path spent about five
     times the retrieval's time in tie-breaking and formatting at k=100): scores rounded
-    in bulk (:func:`_round_like_python`), row order checked in bulk, and each part
+    in bulk (`_round_like_python`), row order checked in bulk, and each part
     formatted by one ``%`` over all of its lines, or, where the tie-broken scores and ASCII
     ids allow it, by one compiled pass that writes the same bytes
-    (:func:`funnel.evaluation.runbytes.part_bytes`).
+    (`funnel.evaluation.runbytes.part_bytes`).
     """
     from . import runbytes
     if not tag or _BAD_ID.search(tag):
@@ -512,7 +512,7 @@ def read_queries(path: PathLike) -> dict[str, str]:
     Returns
     -------
     dict[str, str]
-        Query text by id; metadata is dropped (see :func:`read_query_records`).
+        Query text by id; metadata is dropped (see `read_query_records`).
     """
     name = str(path).removesuffix(".gz")
     if name.endswith((".tsv", ".txt")):

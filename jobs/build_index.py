@@ -7,17 +7,17 @@ Two engines run the same stages (the pure functions of ``funnel.pipelines``) and
 the same files: ``ray`` (Ray tasks for the lexical stages, Ray Data for embedding; a fresh
 local Ray unless RAY_ADDRESS names a cluster, even when a ``ray start`` cluster runs on the
 machine) and ``local`` (this process, ``funnel.jobs.local_engine``). ``auto`` picks local for
-a small corpus when RAY_ADDRESS is unset (:func:`choose_engine`), and the shard count follows the
+a small corpus when RAY_ADDRESS is unset (`choose_engine`), and the shard count follows the
 corpus size (one per 256 MiB, or per ``--shard-mib``) unless ``--shards`` is given
-(:func:`choose_shards`); on Ray a shard's size bounds a shard task's memory. The manifest's
+(`choose_shards`); on Ray a shard's size bounds a shard task's memory. The manifest's
 ``build.engine``, ``build.shards`` and ``build.ray`` say what ran and why. The driver
 holds chunk descriptions and one summary row per shard, never the corpus; on Ray, workers
 add their progress to a counter actor that the driver logs every few seconds.
 
 Ray workers need no disk shared with the driver: they write its staging folder in place only
-on a Ray that runs on this machine alone (:func:`choose_worker_files`, ``--[no-]shared-disk``).
+on a Ray that runs on this machine alone (`choose_worker_files`, ``--[no-]shared-disk``).
 Elsewhere each shard task builds in a folder of its own and its files come back as rows
-(:mod:`funnel.jobs.worker_files`), written by the driver as they arrive; the chunks' reject
+(`funnel.jobs.worker_files`), written by the driver as they arrive; the chunks' reject
 reports are the read tasks' results.
 """
 
@@ -316,7 +316,7 @@ FAULT_ENV = "FUNNEL_FAULT_KILL"
 
 
 def _fault_hook(stage: str, spec: str | None):
-    """``die(i)`` for the :data:`FAULT_ENV` value ``spec`` aimed at ``stage``, else None (the normal case)."""
+    """``die(i)`` for the `FAULT_ENV` value ``spec`` aimed at ``stage``, else None (the normal case)."""
     if not spec or spec.split(":", 1)[0] != stage:
         return None
     _, n, marker = spec.split(":", 2)
@@ -360,7 +360,7 @@ def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=N
 def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, counter, ship: bool,
                 fault: str | None, *parts):
     """Ray task of the shard stage (a streaming generator): build shard ``shard`` from its
-    ``parts`` (one table per chunk, in chunk order), yield rows of :mod:`worker_files`.
+    ``parts`` (one table per chunk, in chunk order), yield rows of `worker_files`.
 
     Without ``ship`` the shard's files go to the driver's ``out_dir``/``work_dir`` (a disk the
     workers share) and the task yields its summary row; with ``ship`` they go to a temporary
@@ -397,8 +397,8 @@ def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, cou
 
 
 def _row_table(row: dict):
-    """One row of :mod:`worker_files` (a dict of one-element arrays) as the pyarrow table
-    :class:`FileReceiver` reads."""
+    """One row of `worker_files` (a dict of one-element arrays) as the pyarrow table
+    `FileReceiver` reads."""
     import pyarrow as pa
     return pa.table({k: pa.array(list(v)) for k, v in row.items()})
 
@@ -469,7 +469,7 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
 
     Workers write nothing under ``staging`` or ``work`` unless ``ship`` is False (a disk they
     share with this process): the chunks' reports are task results, and with ``ship`` each
-    shard's files come back as rows (:mod:`funnel.jobs.worker_files`), written here as they
+    shard's files come back as rows (`funnel.jobs.worker_files`), written here as they
     arrive. Retries (a killed worker) rerun the task; the receiver takes the same bytes again.
     """
     import ray
@@ -573,39 +573,39 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           follow_links: bool = False, embed_runtime: str = "auto") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
-    ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`; default on) splits every
+    ``passages`` (`funnel.pipelines.passages.PassageSettings`; default on) splits every
     document into passages of the embedder's window for the dense stage (DESIGN.md, "Long
     documents"); ``PassageSettings(enabled=False)`` embeds each document whole.
 
     ``bm25_passages`` (needs ``dense`` with passages on) also indexes every passage as a BM25
     document of its own, in the version's ``bm25-passages/`` folder, and serving then scores
-    BM25 by a document's best passage (:mod:`funnel.pipelines.passage_bm25`); off, BM25 is
+    BM25 by a document's best passage (`funnel.pipelines.passage_bm25`); off, BM25 is
     whole-document, as Lucene scores it.
 
     ``dense_memory_budget`` (bytes, or a size such as ``"4GiB"``; None: the default, 4 GiB)
     bounds the dense index's lists in RAM at serving: above it the FAISS shards are IVF-PQ,
-    re-scored exactly from the vectors on disk (:mod:`funnel.pipelines.vectors`).
+    re-scored exactly from the vectors on disk (`funnel.pipelines.vectors`).
 
     ``fields`` declares the filterable fields (``"year:number,tags:keyword_list"``,
     ``"@schema.json"`` or a dict; None: inferred) and ``acl_absent`` what a document without
-    an ``acl`` field is (``public`` or ``private``): see :mod:`funnel.pipelines.fields`.
+    an ``acl`` field is (``public`` or ``private``): see `funnel.pipelines.fields`.
 
-    ``limits`` bounds every corpus row (:class:`funnel.pipelines.corpus.CorpusSpec`'s
+    ``limits`` bounds every corpus row (`funnel.pipelines.corpus.CorpusSpec`'s
     ``max_depth``, ``max_field_bytes``, ``max_row_bytes``; unset: the defaults).
 
     ``include``, ``exclude`` (``.gitignore`` patterns, matched against a file's path in the
     folder) and ``follow_links`` (read symbolic links that leave the folder) choose the files
-    of a folder of documents (:mod:`funnel.pipelines.selection`, :mod:`funnel.pipelines.walk`).
+    of a folder of documents (`funnel.pipelines.selection`, `funnel.pipelines.walk`).
 
-    ``enrich`` (a :class:`funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
+    ``enrich`` (a `funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
     the embedded SmolLM2) adds SIRA corpus enrichment after the DF reduce
-    (:func:`funnel.jobs.local_engine.run_enrich`); ``enrich_cache`` is its cache root
+    (`funnel.jobs.local_engine.run_enrich`); ``enrich_cache`` is its cache root
     (``"default"``: beside the embedding cache; None: no cache).
 
-    ``shards`` None chooses the count from the corpus size (:func:`choose_shards`);
-    ``engine`` is ``auto``, ``ray`` or ``local`` (:func:`choose_engine`). ``shared_disk``
+    ``shards`` None chooses the count from the corpus size (`choose_shards`);
+    ``engine`` is ``auto``, ``ray`` or ``local`` (`choose_engine`). ``shared_disk``
     says whether the Ray workers can write this machine's staging folder (None: decided by
-    :func:`choose_worker_files`); where they cannot, their files come back through Ray. Every
+    `choose_worker_files`); where they cannot, their files come back through Ray. Every
     ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build`` at
     INFO: stage, documents done, rate, ETA.
     """
@@ -852,7 +852,7 @@ def add_limit_arguments(p) -> None:
 
 
 def limits_from_args(a: argparse.Namespace) -> dict:
-    """``build(limits=...)`` from the flags of :func:`add_limit_arguments`."""
+    """``build(limits=...)`` from the flags of `add_limit_arguments`."""
     return {"max_depth": a.max_depth, "max_field_bytes": int(a.max_field_mib * (1 << 20)),
             "max_row_bytes": int(a.max_row_mib * (1 << 20))}
 
@@ -1015,7 +1015,7 @@ def llm_endpoint_of(a: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def enrich_settings_from_args(a: argparse.Namespace):
-    """The :class:`EnrichSettings` of ``--enrich ...``, or None without ``--enrich``."""
+    """The `EnrichSettings` of ``--enrich ...``, or None without ``--enrich``."""
     if not getattr(a, "enrich", False):
         return None
     from funnel.pipelines.enrich import EnrichSettings

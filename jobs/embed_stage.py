@@ -203,7 +203,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
                     memory_budget: int | None = None, runtime: str = "auto") -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
 
-    ``passages`` (:class:`funnel.pipelines.passages.PassageSettings`, default: on) splits each
+    ``passages`` (`funnel.pipelines.passages.PassageSettings`, default: on) splits each
     document into passages first (a map stage, ``split_batch``): one vector per passage, their
     spans in ``staging/passages``. Disabled, each document is embedded whole (its first window).
 

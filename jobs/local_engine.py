@@ -121,8 +121,8 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
     """Embed ``staging/docs`` into ``staging/dense`` in this process; the manifest's ``dense`` section.
 
     The model runs on this process's device (CUDA when present) with its runtime's own
-    thread count; batches of ``batch_size`` rows go through the same :func:`split_batch` (with
-    ``passages`` on, the default), :class:`EmbedBatch` and embedding cache as the Ray
+    thread count; batches of ``batch_size`` rows go through the same `split_batch` (with
+    ``passages`` on, the default), `EmbedBatch` and embedding cache as the Ray
     engine's tasks and actors. A batch of documents is split, then its passages are embedded
     ``batch_size`` at a time: memory follows the batch, however long a document is. ``runtime``
     is ``--embed-runtime`` (``auto``: torch on CUDA, else onnxruntime).
@@ -204,12 +204,12 @@ def run_enrich(staging: str, work: str, n_shards: int, settings, analyzer_cfg: d
     2. the un-enriched df of every window of every proposed phrase: unigrams from
        ``staging/stats.duckdb``, n-grams (max_n >= 2) counted on the shards' documents;
     3. per shard, the DF filter (``df <= tau·N``, N = ``n_docs``), then the shard's postings are
-       rebuilt with the kept phrases' terms appended (:func:`rebuild_lexical_shard`).
+       rebuilt with the kept phrases' terms appended (`rebuild_lexical_shard`).
 
     The LLM calls wait on the endpoint, which does the batching (vLLM/TGI on a GPU cluster),
     so a bounded thread pool here keeps it as busy as Ray actors would. Returns the
     manifest's ``enrichment`` section and, per shard, the new lexical counts; writes
-    ``work/enrich/{audit,docs}-NNNN.parquet`` for :func:`funnel.pipelines.enrich.write_audit`.
+    ``work/enrich/{audit,docs}-NNNN.parquet`` for `funnel.pipelines.enrich.write_audit`.
     ``propose`` replaces the LLM client (tests).
     """
     import duckdb

@@ -345,7 +345,7 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
 
 
 def enrich_settings_of(section: dict, llm: tuple[str, str] | None = None):
-    """The :class:`EnrichSettings` an enriched version was built with (its manifest section).
+    """The `EnrichSettings` an enriched version was built with (its manifest section).
 
     ``llm`` = (base_url, model) replaces the endpoint; ``("local", ...)`` is the embedded
     SmolLM2. Without it: a version enriched by the local SmolLM2 (its manifest says base_url
@@ -465,8 +465,8 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         Embedding cache root; ``"default"`` is ``$FUNNEL_CACHE/embeddings``, None: off.
     llm, enrich_cache : optional
         For a SIRA-enriched index (a full build with its settings, see
-        :func:`_reindex_enriched`): the LLM endpoint (base_url, model), default the one it
-        was built with (:func:`enrich_settings_of`), and the enrichment cache root.
+        `_reindex_enriched`): the LLM endpoint (base_url, model), default the one it
+        was built with (`enrich_settings_of`), and the enrichment cache root.
 
     Returns
     -------

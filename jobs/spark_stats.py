@@ -4,7 +4,7 @@
     spark-submit jobs/spark_stats.py --corpus s3://lake/corpus/ --out stats.duckdb
 
 For a corpus that already lives next to a Spark cluster. It computes what a funnel build's
-lexical stages feed into :func:`funnel.pipelines.stats.reduce_term_stats`, with the same
+lexical stages feed into `funnel.pipelines.stats.reduce_term_stats`, with the same
 pure functions, and writes the file with that same writer, so ``terms(term, df, cf)``,
 ``collection(n_docs, n_docs_nonempty, total_terms, avgdl, n_shards, n_terms)`` and
 ``shards(...)`` equal a build's ``stats.duckdb`` row for row (``tests/test_spark_stats.py``):
@@ -192,10 +192,10 @@ def compute_stats(corpus: str, out: str, master: str | None = None, shards: int 
                   chunk_bytes: int | None = None, spark=None) -> SparkStatsReport:
     """Compute the corpus statistics on Spark and write ``out`` (a DuckDB file) as a build does.
 
-    ``shards`` None takes the build's auto count (:func:`choose_shards`), so the ``shards``
+    ``shards`` None takes the build's auto count (`choose_shards`), so the ``shards``
     table and ``collection.n_shards`` match a build with the same ``--shards``. ``spark``:
     a SparkSession to use (else the active one, else a new one on ``master``, stopped at
-    the end). Raises :class:`SparkStatsError` when no row is valid (nothing written).
+    the end). Raises `SparkStatsError` when no row is valid (nothing written).
     """
     from funnel.jobs.build_index import choose_shards, corpus_bytes
     from funnel.pipelines.analysis import Analyzer

@@ -3,14 +3,14 @@
 On a multi-node Ray cluster without a shared filesystem (the usual case, say with an s3://
 INDEX_ROOT), a file that a worker writes lands on the worker's own machine, never in the
 driver's staging folder. So a build task that writes files (a lexical shard, a dense shard)
-gives its results as rows of one schema, :data:`ROW_COLUMNS`:
+gives its results as rows of one schema, `ROW_COLUMNS`:
 
 - with ``ship`` (no shared disk), it writes into a temporary folder of its own and yields
-  each file there as rows of at most :data:`PIECE_BYTES` (:func:`file_rows`), then
-- always, one summary row (:func:`summary_row`): its summary and, when shipped, each file's
+  each file there as rows of at most `PIECE_BYTES` (`file_rows`), then
+- always, one summary row (`summary_row`): its summary and, when shipped, each file's
   size and sha256.
 
-The driver passes every row to a :class:`FileReceiver` as the rows arrive, which writes each
+The driver passes every row to a `FileReceiver` as the rows arrive, which writes each
 piece at its offset in the driver's folder and, at the end, checks every file against its
 summary. Writing at an offset makes a retried task harmless: it sends the same bytes for the
 same places again. Without ``ship`` the task writes in place and sends its summary row only,
@@ -46,7 +46,7 @@ def file_rows(key: int, folder: str, piece_bytes: int | None = None) -> Iterator
     """Yield every file under ``folder`` as one-row batches of pieces; returns the file list.
 
     The list (``[{"path", "size", "sha256"}]``, paths relative to ``folder`` with ``/``) goes
-    into :func:`summary_row`. An empty file is one empty piece, so it exists on the driver too.
+    into `summary_row`. An empty file is one empty piece, so it exists on the driver too.
     """
     piece_bytes = piece_bytes or PIECE_BYTES
     files = []

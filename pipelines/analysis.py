@@ -128,7 +128,7 @@ class AnalyzerConfig:
                 "stopwords": self.stopwords, "stemmer": self.stemmer}
 
 
-#: Distinct words whose analysis an :class:`Analyzer` remembers (~100 bytes each).
+#: Distinct words whose analysis an `Analyzer` remembers (~100 bytes each).
 WORD_CACHE_SIZE = 1_000_000
 
 
@@ -173,15 +173,15 @@ class Analyzer:
         return (terms[0] if terms else "") if len(terms) < 2 else tuple(terms)
 
     def split_words(self, text: str) -> list[str] | None:
-        """The whitespace-separated words :meth:`analyze` analyzes one at a time (its
-        stream is their :meth:`word_terms` in order), or None where it analyzes the text
+        """The whitespace-separated words `analyze` analyzes one at a time (its
+        stream is their `word_terms` in order), or None where it analyzes the text
         whole (a non-ASCII text with a character that UAX#29 glues to whitespace)."""
         if not text.isascii() and _GLUED_TO_SPACE.search(text):
             return None
         return text.split()
 
     def word_terms(self, word: str) -> tuple[str, ...]:
-        """The terms of one word of :meth:`split_words`, as :meth:`analyze` emits them."""
+        """The terms of one word of `split_words`, as `analyze` emits them."""
         got = self._words.get(word)
         if got is None:
             got = self._analyze_word(word)

@@ -16,7 +16,7 @@ builds leave behind (their lock is gone) and versions beyond a retention count.
 
 Readers may sit on other machines (an NFS or other shared INDEX_ROOT), where no lock or
 process table tells a publisher what they hold open. Each open version therefore keeps a
-:class:`ReaderLease`: a small file naming the version and an expiry, renewed in the
+`ReaderLease`: a small file naming the version and an expiry, renewed in the
 background; retention and gc never remove a version with a live lease (expired ones, and
 those of dead processes on this host, are cleaned up). A reader that dies without
 releasing holds its version at most ``READER_LEASE_S`` longer.
@@ -487,9 +487,9 @@ def verify_files(version_dir: str, manifest: dict, full: bool = False, workers: 
 
     ``full`` streams each file through sha256 on ``workers`` threads (hashlib releases
     the GIL; default: up to 8, one per CPU), except files whose record in ``stamps``
-    (``{path: record}``, :func:`read_stamps`) equals their stat now. Raises
+    (``{path: record}``, `read_stamps`) equals their stat now. Raises
     IndexFormatError naming the files. Returns the records of the files that were hashed
-    (or trusted) and matched, for :func:`write_stamps`.
+    (or trusted) and matched, for `write_stamps`.
     """
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
@@ -555,7 +555,7 @@ def write_stamps(version_dir: str, stamps: dict[str, list]) -> None:
 
 
 def verify_version(version_dir: str, mode: str = "cached") -> dict:
-    """Load the manifest of ``version_dir`` and verify it by ``mode`` (:data:`VERIFY_MODES`);
+    """Load the manifest of ``version_dir`` and verify it by ``mode`` (`VERIFY_MODES`);
     returns the manifest.
 
     ``none``: parse only. ``sizes``: the manifest's checksum and every file's size.
@@ -582,7 +582,7 @@ def verify_version(version_dir: str, mode: str = "cached") -> dict:
 class ReaderLease:
     """A searcher's claim on ``root/version``: ``root/.readers/<host>-<pid>-<id>.json`` with
     the version and an expiry ``lease_s`` ahead, renewed every third of that by one
-    background thread per process, removed by :meth:`release`. Writing it is best effort:
+    background thread per process, removed by `release`. Writing it is best effort:
     on a read-only root the reader still works (and is unprotected; logged once).
     """
 

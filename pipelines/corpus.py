@@ -6,7 +6,7 @@ corpus. Every row is validated; a bad row becomes a *reject* with its file, line
 reason, never silently dropped. A document's ``content_hash`` (sha256 of title and text)
 keys caches and reindexing diffs.
 
-Every row is bounded (:class:`CorpusSpec` ``max_depth``, ``max_field_bytes``,
+Every row is bounded (`CorpusSpec` ``max_depth``, ``max_field_bytes``,
 ``max_row_bytes``): a row too deep or too big is one reject naming the field and the
 limit, checked on the raw line before it is parsed, so no single row can stop a build.
 
@@ -18,7 +18,7 @@ A big corpus reads faster as several compressed files (each is planned on its ow
 uncompressed.
 
 A corpus that cannot be indexed as given (no rows, a Parquet file without the needed
-columns, a compression funnel does not read) is a :class:`CorpusError` at planning time,
+columns, a compression funnel does not read) is a `CorpusError` at planning time,
 before any file is written.
 """
 
@@ -68,8 +68,8 @@ class CorpusSpec:
     is a reject naming the field and the limit).
 
     ``include``, ``exclude`` (``.gitignore`` patterns) and ``follow_links`` say which files of
-    a folder of documents are read (:mod:`funnel.pipelines.selection`,
-    :mod:`funnel.pipelines.walk`); they are recorded in the manifest with the rest of the
+    a folder of documents are read (`funnel.pipelines.selection`,
+    `funnel.pipelines.walk`); they are recorded in the manifest with the rest of the
     spec, so a reindex lists the folder as its build did.
     """
 
@@ -180,7 +180,7 @@ def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
 
 def _all_files(fs: pafs.FileSystem, root: str, spec: CorpusSpec) -> list[str]:
     """Every file under the folder ``root``, sorted; a local folder walked without leaving it
-    (links out of it skipped unless ``spec.follow_links``, loops ended: :mod:`.walk`)."""
+    (links out of it skipped unless ``spec.follow_links``, loops ended: `.walk`)."""
     if not isinstance(fs, pafs.LocalFileSystem):
         sel = pafs.FileSelector(root, recursive=True)
         return sorted(f.path for f in fs.get_file_info(sel) if f.type == pafs.FileType.File)
@@ -201,7 +201,7 @@ def _looks_like_jsonl(head: bytes) -> bool:
 def single_file_format(fs: pafs.FileSystem, path: str) -> str:
     """The format of a corpus that is one file, by its name and first bytes: ``parquet``,
     ``jsonl`` (also compressed, or a ``.txt`` of JSON objects), or ``files`` for one document
-    (Markdown, text, HTML, PDF: a folder of one). A :class:`CorpusError` for a file that is
+    (Markdown, text, HTML, PDF: a folder of one). A `CorpusError` for a file that is
     none of them, naming what is read."""
     from .formats import READERS, extension, readable
     name = path.rsplit("/", 1)[-1].lower()
@@ -295,7 +295,7 @@ def empty_corpus_message(spec: CorpusSpec) -> str:
 
 def compression_of(fs: pafs.FileSystem, path: str) -> str:
     """The codec a JSONL file is compressed with (a key of ``CODECS``' values), or "" for plain
-    text, from its first bytes; a :class:`CorpusError` for a compression funnel does not read."""
+    text, from its first bytes; a `CorpusError` for a compression funnel does not read."""
     with fs.open_input_stream(path, compression=None) as f:  # the default guesses by the name
         head = f.read(8)
     for magic, name in UNREAD_CODECS.items():
@@ -377,7 +377,7 @@ def parquet_columns(schema: pa.Schema, spec: CorpusSpec) -> list[str]:
 
 
 def check_parquet_schema(path: str, schema: pa.Schema, spec: CorpusSpec) -> None:
-    """A :class:`CorpusError` naming the missing or mistyped columns, and the columns found,
+    """A `CorpusError` naming the missing or mistyped columns, and the columns found,
     where every row of the file would be rejected for its schema."""
     names = schema.names
     missing = []
@@ -402,7 +402,7 @@ def plan_chunks(spec: CorpusSpec, target_bytes: int = 16 << 20) -> list[Chunk]:
     """Split the corpus into chunks of about ``target_bytes`` without reading it whole.
 
     A compressed JSONL file is read once here, streaming, to find its line-aligned chunk
-    offsets. A :class:`CorpusError` if the corpus has no rows or a Parquet file lacks the
+    offsets. A `CorpusError` if the corpus has no rows or a Parquet file lacks the
     columns it needs.
     """
     fs, files, fmt = resolve_files(spec)

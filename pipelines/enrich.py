@@ -3,24 +3,24 @@ keeps the rare phrases; the kept ones are appended to the document's indexed tok
 
 Pure (no Ray). The pieces, in the order the build uses them (``jobs/local_engine.run_enrich``):
 
-* :func:`build_messages` / :data:`PROMPT_VERSION`: task-aware prompts asking for up to
+* `build_messages` / `PROMPT_VERSION`: task-aware prompts asking for up to
   ``MAX_PHRASES`` phrases of 1..max_n words, answered as JSON ``{"keywords": [...]}``
   (the reference code's shape, DESIGN.md "SIRA retrieval").
-* :class:`EnrichClient`: one OpenAI-compatible ``/v1/chat/completions`` call per document
+* `EnrichClient`: one OpenAI-compatible ``/v1/chat/completions`` call per document
   with a timeout, retries with exponential backoff on transport errors, 429 and 5xx, and
-  :func:`parse_keywords`, which accepts clean JSON, JSON after chatty reasoning, code
+  `parse_keywords`, which accepts clean JSON, JSON after chatty reasoning, code
   fences and plain lists of lines. A reply it cannot read is a failure, never a guess.
-* :class:`EnrichmentCache`: phrases keyed by (content hash, model, prompt id), in
+* `EnrichmentCache`: phrases keyed by (content hash, model, prompt id), in
   append-only JSONL segments under the same cache root as the embedding cache. Only
   successful answers are stored, so a rebuild asks the LLM only about new, edited or
   previously failed documents.
-* :func:`propose_documents`: bounded concurrency (a thread pool: the calls wait on the
+* `propose_documents`: bounded concurrency (a thread pool: the calls wait on the
   endpoint, which batches them: vLLM/TGI on a GPU cluster, llama.cpp locally).
-* :func:`filter_phrase`: keep a phrase if some window of 1..max_n of its analyzed tokens
+* `filter_phrase`: keep a phrase if some window of 1..max_n of its analyzed tokens
   has ``df <= tau·N`` in the UN-enriched corpus (no lower bound: enrichment may add new
-  words). N-gram windows are counted on the corpus text by :func:`ngram_doc_freq`.
-* :func:`injection_terms`: a kept phrase's unigrams plus its n-grams as atomic terms under
-  :func:`funnel.serving.sira.dffilter.ngram_key` (the key the query side looks up).
+  words). N-gram windows are counted on the corpus text by `ngram_doc_freq`.
+* `injection_terms`: a kept phrase's unigrams plus its n-grams as atomic terms under
+  `funnel.serving.sira.dffilter.ngram_key` (the key the query side looks up).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _truncated_list(text: str) -> list[str] | None:
 
 
 def parse_keywords(content: str) -> list[str]:
-    """The phrases in a model's reply, cleaned (:func:`clean_phrases`).
+    """The phrases in a model's reply, cleaned (`clean_phrases`).
 
     Tried in order: the whole reply as JSON; the last JSON object or list with keywords
     inside chatty text or code fences; the complete strings of a keyword list cut off by
@@ -248,7 +248,7 @@ class EnrichClient:
 
     Retries (``settings.retries`` times, sleeping ``backoff·2^i`` plus jitter) on timeouts,
     connection errors, 429 and 5xx; a 400 naming ``response_format`` switches to plain
-    prompting once. Replies are read by :func:`parse_keywords`; an unreadable reply is not
+    prompting once. Replies are read by `parse_keywords`; an unreadable reply is not
     retried (at temperature 0 the model would repeat it) but fails the document.
     """
 
@@ -588,7 +588,7 @@ def enrichment_report(version_dir: str, top: int = 20, examples: int = 5) -> dic
 
 
 def format_report(rep: dict) -> str:
-    """:func:`enrichment_report` as text for the terminal."""
+    """`enrichment_report` as text for the terminal."""
     s, c = rep["settings"], rep["settings"].get("counts", {})
     lines = [f"{rep['version']}: enriched with {s.get('model')} ({s.get('prompt_id')}), tau {s.get('tau')}, "
              f"max_n {s.get('max_n')}",

@@ -2,9 +2,9 @@
 
 Every key of a corpus row other than its id, title and text (JSONL top-level keys and the
 keys of a ``metadata`` object, Parquet columns, a folder's path/size/mtime and front matter)
-travels with the row as one JSON object (:func:`encode_fields`: the row's ``fields``) and is
+travels with the row as one JSON object (`encode_fields`: the row's ``fields``) and is
 stored with the document. Fields that are *filterable* are also written as columns
-(:func:`write_columns`), which serving memory-maps and filters on (``serving/filters.py``):
+(`write_columns`), which serving memory-maps and filters on (``serving/filters.py``):
 
     ======================  ================================  ==========================================
     type                    values                            files in ``fields/shard-NNNN/``
@@ -23,14 +23,14 @@ stored with the document. Fields that are *filterable* are also written as colum
 Which fields are filterable: those declared at build (``funnel build --fields
 year:number,tags:keyword_list`` or ``--fields @schema.json``, a JSON object name → type),
 exactly those; without a declaration, every field whose values agree on a type
-(:func:`infer_schema`: strings → keyword, numbers → number, ISO dates → date, lists of
+(`infer_schema`: strings → keyword, numbers → number, ISO dates → date, lists of
 strings → keyword_list, booleans → bool). A declared field's value of another type makes
-the row a reject naming the row and the field (:func:`row_fields`, at read time, so rejects
+the row a reject naming the row and the field (`row_fields`, at read time, so rejects
 flow like every other). ``acl`` (who may read the document: principal and group names) is
 always filterable as a ``keyword_list`` and always checked: a malformed ACL must never make
 a document public.
 
-The columns are written after the lexical shards (:func:`write_columns`, from the ``fields``
+The columns are written after the lexical shards (`write_columns`, from the ``fields``
 column of ``docs/shard-NNNN.parquet``), so a reindex can rewrite them from the same files
 without re-reading the corpus. Every file is in the manifest with its checksum, like every
 other file of a version.
@@ -266,7 +266,7 @@ def encode_fields(fields: dict[str, Any], declared: dict[str, str] | None = None
 # -- schema ---------------------------------------------------------------------------------
 
 def observe(kinds: dict[str, set[str]], fields_json: Iterable[str | None]) -> dict[str, set[str]]:
-    """Add each field's value kinds (:func:`kind_of`) seen in ``fields_json`` to ``kinds``."""
+    """Add each field's value kinds (`kind_of`) seen in ``fields_json`` to ``kinds``."""
     for text in fields_json:
         if not text:
             continue
@@ -320,7 +320,7 @@ def shard_dir(version_dir: str, shard: int) -> str:
 
 
 def column_files(name: str, ftype: str) -> tuple[str, ...]:
-    """The file names of one field's column, in the order :func:`write_columns` writes them."""
+    """The file names of one field's column, in the order `write_columns` writes them."""
     return {"number": (f"{name}.f8.npy",), "date": (f"{name}.date.npy",), "bool": (f"{name}.bool.npy",),
             "keyword": (f"{name}.codes.npy", f"{name}.vocab.json"),
             "keyword_list": (f"{name}.ptr.npy", f"{name}.codes.npy", f"{name}.present.npy",
@@ -355,7 +355,7 @@ def build_column(ftype: str, values: list) -> dict[str, Any]:
 def write_shard_columns(out_dir: str, schema: dict[str, str], fields_json: list[str | None]) -> int:
     """Write every schema field's column for one shard (``fields_json`` in local-id order);
     returns how many values were kept. A value that does not fit its type (possible only
-    under inference where a shard disagrees, which :func:`infer_schema` rules out) is absent."""
+    under inference where a shard disagrees, which `infer_schema` rules out) is absent."""
     from .artifacts import save_npy_atomic, write_json_atomic
     os.makedirs(out_dir, exist_ok=True)
     rows = [json.loads(t) if t else {} for t in fields_json]

@@ -2,11 +2,11 @@
 relative to the folder (POSIX separators), local or remote (``s3://...``, through the same
 pyarrow filesystems as the other corpora).
 
-The build reads a folder through the corpus's chunk interface (:mod:`funnel.pipelines.corpus`
+The build reads a folder through the corpus's chunk interface (`funnel.pipelines.corpus`
 dispatches here), so both engines, the reindex and the Spark statistics read folders as
-they read JSONL: :func:`plan_file_chunks` lists the folder once and cuts its readable files,
-in path order, into chunks of about ``target_bytes``; :func:`read_file_chunk` reads one
-chunk's files with the reader of each type (:mod:`funnel.pipelines.formats`) on whatever
+they read JSONL: `plan_file_chunks` lists the folder once and cuts its readable files,
+in path order, into chunks of about ``target_bytes``; `read_file_chunk` reads one
+chunk's files with the reader of each type (`funnel.pipelines.formats`) on whatever
 process runs it, in this process for ``--engine local`` and in a Ray task per chunk for
 ``--engine ray``. The rows are the same either way, because a row is a function of the
 file's bytes and listing entry alone.
@@ -16,22 +16,22 @@ carries a checksum of their paths (``row_group``), so a worker that lists a fold
 changed after the build planned it fails with that message instead of reading other files.
 
 What becomes of each file:
-- a readable type (:data:`funnel.pipelines.formats.READERS`): a row, or a reject with its
-  reason (empty, binary, encrypted, damaged, no text layer, over :data:`MAX_FILE_BYTES`);
-- another type: skipped and counted by extension (:func:`listing_summary`, the build's
+- a readable type (`funnel.pipelines.formats.READERS`): a row, or a reject with its
+  reason (empty, binary, encrypted, damaged, no text layer, over `MAX_FILE_BYTES`);
+- another type: skipped and counted by extension (`listing_summary`, the build's
   manifest and log);
 - a hidden file or folder (a name starting with a dot: ``.git``, ``.venv``): skipped and
   counted apart, a folder once, however much it holds;
 - a file or folder that ``--include``, ``--exclude`` or the folder's ``.funnelignore`` leave
-  out (:mod:`funnel.pipelines.selection`): skipped and counted as ``excluded``;
+  out (`funnel.pipelines.selection`): skipped and counted as ``excluded``;
 - a symbolic link: read only where it stays inside the folder (``--follow-links`` reads
   the others), a broken one or one that leaves the folder is a reject naming it; a file
-  name that is not UTF-8 is a reject naming it escaped (:mod:`funnel.pipelines.walk`).
+  name that is not UTF-8 is a reject naming it escaped (`funnel.pipelines.walk`).
 
 A single document file (``--corpus manual.pdf``) is a folder of one: its id is its name.
 
-Every row keeps its file's facts as its ``fields`` (:mod:`funnel.pipelines.fields`, stored
-with the document; :func:`file_fields`): ``path``, ``size``, ``mtime`` (UTC, ISO 8601),
+Every row keeps its file's facts as its ``fields`` (`funnel.pipelines.fields`, stored
+with the document; `file_fields`): ``path``, ``size``, ``mtime`` (UTC, ISO 8601),
 ``format``, what its reader adds (heading offsets, PDF page count and page starts) and a
 Markdown file's front matter keys. ``content_hash`` is of the title and text, so a reindex
 of the folder finds added, changed and removed files by content, whatever their
@@ -212,7 +212,7 @@ def _checksum(entries) -> int:
 
 def plan_file_chunks(spec, files: list[str], target_bytes: int) -> list:
     """Cut the listed readable files into chunks of about ``target_bytes`` (and at most
-    :data:`MAX_FILES_PER_CHUNK` files); logs what the folder holds."""
+    `MAX_FILES_PER_CHUNK` files); logs what the folder holds."""
     fs, root = _filesystem(spec.path)
     root = root.rstrip("/")
     listing = _LISTINGS.get(root)
@@ -264,8 +264,8 @@ def _chunk_entries(chunk, spec) -> tuple[Entry, ...]:
 
 def read_file(fs: pafs.FileSystem, entry: Entry, spec: CorpusSpec) -> tuple[dict | None, str | None]:
     """(row, None) for a file read as a document, (None, reason) for a reject: the row passes
-    the checks of every corpus row (:func:`validate_record` under ``spec``'s bounds and
-    declared fields), its fields being :func:`file_fields`."""
+    the checks of every corpus row (`validate_record` under ``spec``'s bounds and
+    declared fields), its fields being `file_fields`."""
     if entry.size > MAX_FILE_BYTES:
         return None, (f"file of {_size(entry.size)} is over the {_size(MAX_FILE_BYTES)} bound of one document "
                       "(funnel.pipelines.folder.MAX_FILE_BYTES); split it")
@@ -304,7 +304,7 @@ def _read_bytes(fs: pafs.FileSystem, path: str, limit: int) -> bytes:
 
 
 def file_fields(entry: Entry, reader: formats.Reader, doc: formats.Document) -> dict:
-    """A file's fields (:mod:`funnel.pipelines.fields`): its front matter's keys, then its
+    """A file's fields (`funnel.pipelines.fields`): its front matter's keys, then its
     path, size, mtime, format and what its reader found (headings, page starts).
 
     A front matter key that one of those (or ``_id``, ``title``, ``text``) takes is kept as
@@ -366,7 +366,7 @@ def read_file_chunk(chunk, spec):
 def read_folder(path: str, target_bytes: int = 4 << 20, **options) -> tuple[list[dict], list[dict]]:
     """(rows, rejects) of every file of a folder corpus, read in this process in id order;
     for tools and tests (a build reads the same chunks through its engine). ``options``:
-    :class:`CorpusSpec`'s listing options (``include``, ``exclude``, ``follow_links``)."""
+    `CorpusSpec`'s listing options (``include``, ``exclude``, ``follow_links``)."""
     from .corpus import plan_chunks
     spec = CorpusSpec(path=path, format="files", **options)
     rows, rejects = [], []

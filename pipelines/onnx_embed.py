@@ -11,10 +11,10 @@ What has to match torch's vectors, and how:
 - tokenizer: the model's own fast tokenizer, serialised at export exactly as the torch
   provider hands it to its CPU stage (``SentenceTransformerProvider.tokenizer_spec``), with
   the same truncation (the model's ``max_seq_length`` word pieces, special tokens counted);
-- pooling: the model's ``Pooling`` module's modes, applied by :func:`pool` (the formulas of
+- pooling: the model's ``Pooling`` module's modes, applied by `pool` (the formulas of
   sentence-transformers' ``Pooling._forward_padded``), then L2 normalisation;
-- the export checks itself: the ONNX model's vectors for :data:`PROBE_TEXTS` must be within
-  :data:`EXPORT_MIN_COSINE` of torch's, or the export is refused (:class:`OnnxUnavailable`).
+- the export checks itself: the ONNX model's vectors for `PROBE_TEXTS` must be within
+  `EXPORT_MIN_COSINE` of torch's, or the export is refused (`OnnxUnavailable`).
 
 The exported files live in ``$FUNNEL_CACHE/onnx/<key>/`` (default ``~/.cache/funnel/onnx``),
 ``key`` from the model folder's file names, sizes and modification times, the export format
@@ -27,7 +27,7 @@ lock and publish by renaming a finished folder, so concurrent processes (Ray act
 never see half a model.
 
 Where a model cannot be exported (a pooling mode or a module layout not implemented here,
-no ``onnx`` package, an export that disagrees with torch), :class:`OnnxUnavailable` says why;
+no ``onnx`` package, an export that disagrees with torch), `OnnxUnavailable` says why;
 ``embed.make_provider`` then falls back to torch and logs that once.
 """
 
@@ -56,7 +56,7 @@ __all__ = ["OnnxProvider", "OnnxUnavailable", "ensure_exported", "onnx_cache_roo
 EXPORT_VERSION = 2
 #: Precisions an export provides: the fp32 graph, and its dynamic int8 quantization.
 PRECISIONS = ("fp32", "int8")
-#: Pooling modes :func:`pool` implements (sentence-transformers' names).
+#: Pooling modes `pool` implements (sentence-transformers' names).
 POOLING_MODES = ("mean", "mean_sqrt_len_tokens", "cls", "max")
 #: Least cosine between the export's and torch's vector of every probe text, per precision.
 #: fp32 reproduces torch to float rounding (>= 0.99999 measured on MiniLM); int8 is a
@@ -90,7 +90,7 @@ def onnx_cache_root() -> str:
 
 def model_key(model_path: str) -> str:
     """16 hex digits naming one export of the model folder ``model_path``: its files' relative
-    names, sizes and modification times, :data:`EXPORT_VERSION` and onnxruntime's version (an
+    names, sizes and modification times, `EXPORT_VERSION` and onnxruntime's version (an
     export fused by one onnxruntime is rebuilt for another)."""
     try:
         import onnxruntime as ort
@@ -278,7 +278,7 @@ def _quantize(out: str) -> None:
 
 def _check(out: str, meta: dict, precision: str, probe: np.ndarray) -> float:
     """The least cosine between the export's and torch's probe vectors; OnnxUnavailable below
-    :data:`EXPORT_MIN_COSINE` (the export would not search an index built with torch)."""
+    `EXPORT_MIN_COSINE` (the export would not search an index built with torch)."""
     enc = OnnxEncoder(out, precision, threads=1, meta=meta)
     got = _l2_normalize(enc.encode(list(PROBE_TEXTS)))
     cos = float(np.min(np.sum(got * probe, axis=1)))
@@ -297,7 +297,7 @@ def ensure_exported(model_path: str, precision: str = "fp32", root: str | None =
     OnnxUnavailable
         onnxruntime missing, or the export is impossible or refused (the message says why).
     ValueError
-        ``precision`` not one of :data:`PRECISIONS`.
+        ``precision`` not one of `PRECISIONS`.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown ONNX precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
@@ -380,7 +380,7 @@ class OnnxEncoder:
     Parameters
     ----------
     directory : str
-        An export (:func:`ensure_exported`).
+        An export (`ensure_exported`).
     precision : {"fp32", "int8"}
     threads : int
         onnxruntime intra-op threads (0: its default, one per core); ``run`` and ``encode`` take
@@ -400,7 +400,7 @@ class OnnxEncoder:
 
     def run(self, ids: np.ndarray, lengths: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
         """Token ids ``(n, max_length)`` and lengths -> ``(n, dim)`` pooled vectors, in input
-        order; each :func:`length_buckets` batch is cut to its longest row."""
+        order; each `length_buckets` batch is cut to its longest row."""
         session = _session(self.path, self.threads if threads is None else threads)
         lengths = np.asarray(lengths, dtype=np.int64)
         out = np.zeros((len(lengths), int(self.meta["dim"])), dtype=np.float32)
@@ -419,14 +419,14 @@ class OnnxEncoder:
 class OnnxProvider(_ProviderBase):
     """A sentence-transformers model run on onnxruntime (no torch once exported).
 
-    The same vectors as :class:`~funnel.pipelines.embed.SentenceTransformerProvider` to float
-    rounding in fp32 (cosine >= :data:`EXPORT_MIN_COSINE`, checked at export); int8 is a
+    The same vectors as `SentenceTransformerProvider` to float
+    rounding in fp32 (cosine >= `EXPORT_MIN_COSINE`, checked at export); int8 is a
     faster, slightly different embedder whose fingerprint says so (``precision``).
 
     Parameters
     ----------
     model : str
-        A path or name, resolved by :func:`~funnel.pipelines.embed.resolve_model` (offline).
+        A path or name, resolved by `resolve_model` (offline).
     precision : {"fp32", "int8"}
     normalize, batch_size, query_prompt, document_prompt
         As for the torch provider.
@@ -435,7 +435,7 @@ class OnnxProvider(_ProviderBase):
     query_threads : int, optional
         Threads for one query (default ``$FUNNEL_QUERY_THREADS`` or 1).
     cache_root : str, optional
-        Where exports live (default :func:`onnx_cache_root`).
+        Where exports live (default `onnx_cache_root`).
 
     Raises
     ------
@@ -479,13 +479,13 @@ class OnnxProvider(_ProviderBase):
         return self._finish(self._docs.encode([self.query_prompt + text], threads=self.query_threads))[0]
 
     def embed_tokens(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Token ids from :class:`~funnel.pipelines.embed.DocumentTokenizer` -> ``(n, dim)`` vectors."""
+        """Token ids from `DocumentTokenizer` -> ``(n, dim)`` vectors."""
         if len(lengths) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         return self._finish(self._docs.run(ids, lengths, self.batch_size))
 
     def tokenizer_spec(self) -> dict:
-        """:class:`~funnel.pipelines.embed.DocumentTokenizer`'s arguments (the export's tokenizer)."""
+        """`DocumentTokenizer`'s arguments (the export's tokenizer)."""
         return {"tokenizer_json": self._docs.tokenizer_json, "max_length": int(self.meta["max_length"]),
                 "truncation_side": self.meta["truncation_side"], "pad_id": int(self.meta["pad_id"])}
 

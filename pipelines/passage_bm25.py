@@ -3,14 +3,14 @@
 BM25 stays whole-document by default, as Lucene scores it (Lucene parity). With the option
 the build also indexes every passage the dense stage split (``passages/shard-NNNN.parquet``)
 as one document of a second, ordinary BM25 index, built by the same builder into the
-version's :data:`SUBDIR` folder, and serving scores a document by its best passage (MaxP,
+version's `SUBDIR` folder, and serving scores a document by its best passage (MaxP,
 ``funnel.serving.passage_bm25``). Why passages: BM25's length normalisation divides a long
 document's term frequencies by its length, so a few query words in one section of a
 10,000-word report score low against a short document holding them; scored by its best
 passage, the report competes with what it says where it says it.
 
-A passage row (:func:`passage_table`): ``_id`` names the passage's document and ordinal
-(:func:`passage_id`: the document's shard and local id, which make its docno, and the
+A passage row (`passage_table`): ``_id`` names the passage's document and ordinal
+(`passage_id`: the document's shard and local id, which make its docno, and the
 passage's ordinal in ``passages/``), ``title`` is the document's title and ``text`` the
 passage's characters ``text[char_start:char_end]``. So a passage is indexed as ``title +
 "\\n" + passage``, the way a whole document is and the way its passage is embedded, and a
@@ -37,7 +37,7 @@ def passage_id(shard: int, local_id: int, ordinal: int) -> str:
 
 
 def parse_passage_ids(ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shard, local id, ordinal) int64 arrays of :func:`passage_id` strings (a pyarrow
+    """(shard, local id, ordinal) int64 arrays of `passage_id` strings (a pyarrow
     array or a list); ``ValueError`` naming the first id that is not one."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -66,7 +66,7 @@ def _is_passage_id(s) -> bool:
 
 def passage_table(shard: int, docs: dict, passages: dict):
     """One shard's passages as the passage index's corpus rows: a pyarrow table of ``_id``,
-    ``title``, ``text`` (:func:`passage_id`), in the order of ``passages``.
+    ``title``, ``text`` (`passage_id`), in the order of ``passages``.
 
     Parameters
     ----------

@@ -5,14 +5,14 @@ silently drops the rest, so a long document embedded whole is ranked by its open
 into passages, embedded one by one and scored by the best one (MaxP; Dai & Callan, SIGIR
 2019), every part of it can be found (DESIGN.md, "Long documents").
 
-How a document is split (:func:`split_spans`, pure, on the token spans of its text):
+How a document is split (`split_spans`, pure, on the token spans of its text):
 
 * **Window**: at most ``budget`` of the embedder's own tokens of text per passage, where
   ``budget`` is the model's maximum sequence length less its special tokens, the document
   prompt and the title (every passage is embedded as ``title + "\\n" + passage``, the way a
   whole document is).
 * **Short documents**: text of at most ``split_above`` windows (default
-  :data:`DEFAULT_SPLIT_ABOVE`: 4, ~750 words for MiniLM) is one passage ``[0, len(text))``,
+  `DEFAULT_SPLIT_ABOVE`: 4, ~750 words for MiniLM) is one passage ``[0, len(text))``,
   embedded as exactly the string a whole document was embedded as before passages, under
   the same cache key (the document's content hash); the embedder reads its first window, as
   before. Why not split everything longer than one window: 71% of SciFact's abstracts are
@@ -24,7 +24,7 @@ How a document is split (:func:`split_spans`, pure, on the token spans of its te
   last two windows share what is left equally (no two-word tail whose cosine is noise).
 * **Cuts at boundaries**: near each window's end the cut goes to the strongest nearby
   boundary: a paragraph or heading, then a sentence end, a line break, a space; a stronger
-  boundary may be further away (:data:`REACH`). Never more than ``budget`` tokens.
+  boundary may be further away (`REACH`). Never more than ``budget`` tokens.
 * **Overlap**: the next passage starts about ``overlap`` (default 15%) of a window before
   the cut, at a sentence start where one is near, so a sentence cut by the window is whole
   in one of the two passages.
@@ -34,9 +34,9 @@ Offsets are characters of the document's ``text`` field (the title is not part o
 ``get_document(id, start, end)`` returns. Passages cover the text: the first starts at 0,
 the last ends at ``len(text)``, each starts where or before the previous one ends.
 
-Tokens come from the embedder's tokenizer (:class:`HFTokenSpans`: the Hugging Face fast
+Tokens come from the embedder's tokenizer (`HFTokenSpans`: the Hugging Face fast
 tokenizer of a sentence-transformers model, fed in pieces so a huge document never makes one
-huge call); an endpoint whose tokenizer is unknown is counted with :func:`regex_token_spans`
+huge call); an endpoint whose tokenizer is unknown is counted with `regex_token_spans`
 (words and punctuation marks, about what a word-piece tokenizer makes of English).
 """
 
@@ -61,7 +61,7 @@ DEFAULT_OVERLAP = 0.15
 #: Documents of at most this many windows of text are embedded whole (see the module docstring).
 DEFAULT_SPLIT_ABOVE = 4.0
 #: Window for an embedder whose tokenizer is unknown (an OpenAI-compatible endpoint), in
-#: :func:`regex_token_spans` tokens; ``--passage-tokens`` overrides it.
+#: `regex_token_spans` tokens; ``--passage-tokens`` overrides it.
 DEFAULT_ENDPOINT_WINDOW = 256
 #: Strength of the break before a token: what lies between it and the token before.
 PARAGRAPH, SENTENCE, LINE, SPACE, NONE = 4, 3, 2, 1, 0
@@ -94,7 +94,7 @@ class PassageSettings:
         Fraction of a window repeated at the start of the next passage, in [0, 0.5).
     window : int, optional
         Tokens per passage, special tokens included; default: the model's maximum sequence
-        length (sentence-transformers), :data:`DEFAULT_ENDPOINT_WINDOW` for an endpoint.
+        length (sentence-transformers), `DEFAULT_ENDPOINT_WINDOW` for an endpoint.
     split_above : float
         A document of at most this many windows of text is one passage (embedded whole, its
         first window read); 1 splits every document the embedder would truncate.
@@ -186,7 +186,7 @@ def _strength(text: str, spans: np.ndarray, c: int) -> int:
 
 def _best_cut(text: str, spans: np.ndarray, lo: int, hi: int, target: int, window: int) -> int:
     """The token before which to cut, in ``[lo, hi]``: the strongest break within its
-    :data:`REACH` of ``target``, the one nearest ``target`` among equals (the later on a tie)."""
+    `REACH` of ``target``, the one nearest ``target`` among equals (the later on a tie)."""
     best, best_key = target, None
     for c in range(lo, hi + 1):
         s = _strength(text, spans, c)
@@ -222,8 +222,8 @@ def split_spans(text: str, spans: np.ndarray, budget: int, overlap: float = DEFA
     text : str
         The document's text.
     spans : np.ndarray
-        ``(n, 2)`` character spans of its tokens, in order (:class:`HFTokenSpans`,
-        :func:`regex_token_spans`).
+        ``(n, 2)`` character spans of its tokens, in order (`HFTokenSpans`,
+        `regex_token_spans`).
     budget : int
         Most tokens of text in one passage (>= 1).
     overlap : float
@@ -338,9 +338,9 @@ class Splitter:
 
 
 def splitter_spec(provider, settings: PassageSettings) -> dict:
-    """What a :class:`Splitter` for ``provider`` needs, as plain data a Ray task can receive:
+    """What a `Splitter` for ``provider`` needs, as plain data a Ray task can receive:
     the embedder's own tokenizer (serialised) and window where it has one
-    (sentence-transformers), :func:`regex_token_spans` and :data:`DEFAULT_ENDPOINT_WINDOW`
+    (sentence-transformers), `regex_token_spans` and `DEFAULT_ENDPOINT_WINDOW`
     otherwise (an endpoint)."""
     model = getattr(provider, "model", None)
     tok = getattr(model, "tokenizer", None)
@@ -366,7 +366,7 @@ _SPLITTERS: dict[str, Splitter] = {}  # per process: a Ray worker builds each to
 
 
 def splitter_from_spec(spec: dict) -> Splitter:
-    """The :class:`Splitter` a :func:`splitter_spec` describes (cached in this process)."""
+    """The `Splitter` a `splitter_spec` describes (cached in this process)."""
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     sp = _SPLITTERS.get(key)
     if sp is None:
@@ -384,12 +384,12 @@ def splitter_from_spec(spec: dict) -> Splitter:
 
 
 def make_splitter(provider, settings: PassageSettings) -> Splitter:
-    """The :class:`Splitter` of an embedding provider (:func:`splitter_spec`)."""
+    """The `Splitter` of an embedding provider (`splitter_spec`)."""
     return splitter_from_spec(splitter_spec(provider, settings))
 
 
 def passages_manifest(spec: dict, n_docs: int | None = None) -> dict:
-    """The manifest's ``dense.passages`` section for a :func:`splitter_spec`: how documents
+    """The manifest's ``dense.passages`` section for a `splitter_spec`: how documents
     were split (enough to split the same way again: ``settings_from_manifest``) and where
     the spans are."""
     return {"tokenizer": spec["tokenizer"], "window": int(spec["window"]), "special_tokens": int(spec["specials"]),
@@ -401,7 +401,7 @@ def passages_manifest(spec: dict, n_docs: int | None = None) -> dict:
 
 
 def settings_from_manifest(section: dict | None) -> PassageSettings:
-    """The :class:`PassageSettings` an index's ``dense.passages`` section was built with
+    """The `PassageSettings` an index's ``dense.passages`` section was built with
     (disabled when it has none: documents were embedded whole)."""
     if not section:
         return PassageSettings(enabled=False)
@@ -409,7 +409,7 @@ def settings_from_manifest(section: dict | None) -> PassageSettings:
                            split_above=float(section.get("split_above", DEFAULT_SPLIT_ABOVE)))
 
 
-#: Columns :func:`split_batch` adds to the rows it returns, one row per passage.
+#: Columns `split_batch` adds to the rows it returns, one row per passage.
 SPLIT_COLUMNS = ("ordinal", "char_start", "char_end")
 
 
@@ -418,7 +418,7 @@ def split_batch(batch: dict, spec: dict) -> dict:
 
     Each output row is one passage, shaped like a document for the embedder: ``text`` is the
     passage's text, ``title`` the document's (every passage is embedded with it) and
-    ``content_hash`` the passage's cache key (:func:`passage_key`), so ``EmbedBatch`` and
+    ``content_hash`` the passage's cache key (`passage_key`), so ``EmbedBatch`` and
     its cache need not know about passages. Every other column (``shard``, ``local_id``)
     is repeated per passage, and ``ordinal``, ``char_start``, ``char_end`` are added.
     """
@@ -449,7 +449,7 @@ def split_batch(batch: dict, spec: dict) -> dict:
 
 
 def embed_passages(embed, spec: dict, batch: dict, batch_size: int, progress=None) -> tuple[np.ndarray, np.ndarray]:
-    """Split a batch of documents (:func:`split_batch`) and run ``embed`` (an ``EmbedBatch``)
+    """Split a batch of documents (`split_batch`) and run ``embed`` (an ``EmbedBatch``)
     on its passages ``batch_size`` at a time, so memory follows the batch size however long a
     document is. Returns (vectors ``(m, dim)``, rows ``(4, m)``: local id, ordinal,
     char_start, char_end); the in-process build and reindex share it. ``progress(passages,
@@ -513,7 +513,7 @@ def write_passages(path: str, local_ids, ordinals, starts, ends) -> int:
 
 
 def read_passages(path: str) -> dict[str, np.ndarray]:
-    """One shard's passages as NumPy arrays (:data:`PASSAGE_COLUMNS`)."""
+    """One shard's passages as NumPy arrays (`PASSAGE_COLUMNS`)."""
     import pyarrow.parquet as pq
     # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas,
     # ~0.4 s of a one-query process that opens a dense index's passages.

@@ -90,15 +90,15 @@ def add_document(vocab: dict[str, int], doc: int, tokens: Sequence[str],
 
 
 class PostingsBuilder:
-    """Inverts documents one at a time (local id = order added) into a :class:`ShardPostings`.
+    """Inverts documents one at a time (local id = order added) into a `ShardPostings`.
 
-    Nothing per token outlives :meth:`add`: the postings so far are three typed arrays
+    Nothing per token outlives `add`: the postings so far are three typed arrays
     (4 bytes per field, no Python int objects), so a shard of 250K documents holds ~12
     bytes per posting while it is built instead of ~100 for lists of every document's
     tokens and Python ints, and the peak follows the shard's postings, not its token
-    stream. The result equals :func:`build_postings` of the same token lists.
+    stream. The result equals `build_postings` of the same token lists.
 
-    :meth:`add_text` analyzes and adds in one step without a Python step per token: each
+    `add_text` analyzes and adds in one step without a Python step per token: each
     distinct word maps (once) to its terms' ids, a document's ids are appended to a
     pending int32 stream, and every STREAM_TOKENS tokens the stream becomes postings in
     one NumPy sort (1M synthetic documents: the build's analysis and inversion ~1/3
@@ -213,7 +213,7 @@ def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None
     """Write ``term_gid.npy`` (each local term's position in the sorted global vocabulary),
     the per-term bounds, and, given the collection's ``avgdl`` (and numba), the block
     maxima and the per-posting impacts for the default BM25 parameters
-    (:func:`write_block_maxima`, :func:`write_impacts`)."""
+    (`write_block_maxima`, `write_impacts`)."""
     local = pq.read_table(os.path.join(shard_dir, "terms.parquet"), columns=["term"])
     local_terms = np.asarray(local.column("term").to_pylist(), dtype=object)
     gid = np.searchsorted(global_terms, local_terms).astype(np.int32)

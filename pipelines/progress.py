@@ -1,6 +1,6 @@
 """Progress of a long build stage as one log line every few seconds: stage, done, rate, ETA.
 
-Pure (no Ray): the build job gives :class:`ProgressLog` a ``poll()`` that reads its
+Pure (no Ray): the build job gives `ProgressLog` a ``poll()`` that reads its
 counters (in the Ray job, a counter actor that the workers add to), and the log line
 works on any terminal and in any log file, where Ray Data's progress bars are off.
 
@@ -73,7 +73,7 @@ class ProgressLog:
     Parameters
     ----------
     poll
-        Returns the current :class:`Status`.
+        Returns the current `Status`.
     interval
         Seconds between lines; 0 or less turns the periodic lines off.
     log

@@ -1,7 +1,7 @@
 """Incremental reindexing: rebuild a shard from the live version plus the new corpus's rows.
 
-Pure (no Ray): ``jobs/reindex.py`` runs :func:`spill_chunk` once per corpus chunk and
-:func:`reindex_shard` once per shard, in this process or as Ray tasks. Tests call them
+Pure (no Ray): ``jobs/reindex.py`` runs `spill_chunk` once per corpus chunk and
+`reindex_shard` once per shard, in this process or as Ray tasks. Tests call them
 directly.
 
 Why the result is the full build's, byte for byte: documents go to the shard
@@ -12,7 +12,7 @@ whose ``content_hash`` matches the live version keeps its term counts and length
 back from the live postings; only new and changed documents are analyzed. A document whose
 text is unchanged but whose fields (an ACL, a label) differ keeps its postings and vectors too:
 only its stored row is rewritten, and the field columns after it. The postings
-are then re-sorted exactly as :func:`funnel.pipelines.postings.build_postings` sorts
+are then re-sorted exactly as `funnel.pipelines.postings.build_postings` sorts
 them (terms in code point order, doc ids ascending within a term). A shard whose
 documents are all unchanged and in the same order is copied as it is.
 
@@ -80,7 +80,7 @@ def spill_chunk(chunk: dict, spec: dict, n_shards: int, work_dir: str) -> dict:
 
 
 def read_spilled_rows(work_dir: str, shard: int) -> pa.Table:
-    """The rows :func:`spill_chunk` wrote for ``shard`` (any order), one chunk per column."""
+    """The rows `spill_chunk` wrote for ``shard`` (any order), one chunk per column."""
     d = os.path.join(work_dir, "rows", shard_name(shard))
     files = sorted(os.path.join(d, n) for n in os.listdir(d)) if os.path.isdir(d) else []
     tables = []
@@ -93,7 +93,7 @@ def read_spilled_rows(work_dir: str, shard: int) -> pa.Table:
 def dedupe_rows(rows: dict[str, Sequence] | pa.Table) -> tuple[list[int], list[dict]]:
     """Row positions to keep, in corpus order (chunk, line), and the duplicate-id rejects.
 
-    The first occurrence of an id wins, as in :func:`funnel.pipelines.shard.build_lexical_shard`;
+    The first occurrence of an id wins, as in `funnel.pipelines.shard.build_lexical_shard`;
     the rejects have its format (``first`` = where the kept copy is).
     """
     if isinstance(rows, pa.Table):
@@ -127,7 +127,7 @@ def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: S
     """Match a shard's new documents against its live ones by id, content hash and fields.
 
     ``content_hash`` covers the title and text only; a document's fields (ACL included) are
-    compared as their canonical JSON (:func:`funnel.pipelines.fields.encode_fields` sorts
+    compared as their canonical JSON (`funnel.pipelines.fields.encode_fields` sorts
     keys and fixes separators, so equal fields are equal strings). A document whose text is
     the same but whose fields differ keeps its postings and vectors (it is in ``reuse``) and
     is counted as ``fields_changed``: only its stored row and the field columns change.
@@ -172,7 +172,7 @@ def keep_live_fields(new_ids: Sequence[str], new_hashes: Sequence[str], new_fiel
 
     A folder's file that was touched, copied or checked out again has a new ``mtime`` and the
     same content: that is no change, so such a document keeps its live fields whole (the
-    ``mtime`` of the content indexed) and :func:`diff_documents` then counts it unchanged.
+    ``mtime`` of the content indexed) and `diff_documents` then counts it unchanged.
     Only documents with the same id and content hash are compared. Returns the fields and
     how many documents kept their live fields this way (``touched``)."""
     out = list(new_fields)
@@ -214,7 +214,7 @@ def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.
     old : dict
         The live shard's ``indptr``, ``docs``, ``tfs``, ``doclen`` arrays.
     reuse : np.ndarray of int64
-        From :func:`diff_documents`.
+        From `diff_documents`.
     n_docs : int
         Documents in the new shard.
     fresh, fresh_tokens
@@ -320,7 +320,7 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
     (every document goes to ``delta/``: the live version has no vectors of this model).
     ``passages``: the vectors are passages (the live version's, split the same way): an
     unchanged document keeps all its passages' vectors and spans. ``volatile``: field keys
-    whose change alone is none (:func:`keep_live_fields`; a folder's ``mtime``).
+    whose change alone is none (`keep_live_fields`; a folder's ``mtime``).
 
     Returns the build's shard summary (n_docs, n_docs_nonempty, total_terms, n_terms,
     fingerprint_sum) plus the diff counts, ``copied`` (the live shard was copied as it
@@ -410,7 +410,7 @@ def _stage_vectors(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray, 
 
 def _stage_passages(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray, rows: pa.Table,
                     reuse_live: bool) -> dict:
-    """:func:`_stage_vectors` for a passage index: the unchanged documents' passages (vectors
+    """`_stage_vectors` for a passage index: the unchanged documents' passages (vectors
     and spans, renumbered to their new local ids) go to ``dense/ppart-NNNN``; the rest to
     ``delta/``, to be split and embedded (an edited document's unchanged passages then come
     from the embedding cache, keyed by passage content)."""

@@ -14,7 +14,7 @@ separators.
   (after the exclusions).
 
 What is left out is counted (the listing's ``excluded``), never rejected. The rules are a
-function of the patterns alone (:meth:`Rules.key`), so a worker that lists the folder again
+function of the patterns alone (`Rules.key`), so a worker that lists the folder again
 applies the same ones, and a reindex reuses the patterns the build recorded in its manifest.
 """
 

@@ -1,6 +1,6 @@
 """Building one lexical shard from its rows: dedupe, analyze, invert, write.
 
-Pure (no Ray): the build job calls :func:`build_lexical_shard` once per hash partition,
+Pure (no Ray): the build job calls `build_lexical_shard` once per hash partition,
 and tests call it directly. Duplicate ids inside a shard (all copies of an id hash to the
 same shard) keep the first occurrence in corpus order; later ones become rejects.
 """
@@ -19,7 +19,7 @@ from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
 from .postings import PostingsBuilder, write_shard
 
-#: Documents analyzed between two ``progress`` calls of :func:`build_lexical_shard`.
+#: Documents analyzed between two ``progress`` calls of `build_lexical_shard`.
 PROGRESS_EVERY = 1000
 
 
@@ -98,7 +98,7 @@ def rebuild_lexical_shard(out_dir: str, shard: int, extra_tokens: dict[int, list
     appended to those documents' analyzed tokens (SIRA corpus enrichment); the new counts.
 
     The stored documents, their order and local ids are unchanged; the returned dict has the
-    lexical keys of :func:`build_lexical_shard`'s summary (n_docs, n_docs_nonempty,
+    lexical keys of `build_lexical_shard`'s summary (n_docs, n_docs_nonempty,
     total_terms, n_terms), which replace the un-enriched ones.
     """
     analyzer = Analyzer(analyzer_config)

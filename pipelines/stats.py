@@ -11,7 +11,7 @@ vocabulary of a large corpus in Python. Tables:
 BM25 uses N = documents with at least one indexed term and avgdl = total_terms / N, as
 Lucene's ``CollectionStatistics`` (docCount counts documents that have the field).
 
-The terms table is also written as ``lexical/vocab.arrow`` (:func:`write_vocabulary`), the
+The terms table is also written as ``lexical/vocab.arrow`` (`write_vocabulary`), the
 copy serving reads: an Arrow file is memory-mapped with pyarrow, which serving imports
 anyway, where reading the table needs DuckDB (~0.1 s to import, ~0.03-0.07 s to query: a
 third of a one-query `funnel search` process on SciFact). ``stats.duckdb`` stays the table
@@ -108,7 +108,7 @@ def _vocab_schema():
 
 
 def write_vocabulary(version_dir: str, terms, df: np.ndarray, cf: np.ndarray) -> None:
-    """Write :data:`VOCAB` (the terms table of ``load_vocabulary``) into ``version_dir`` before
+    """Write `VOCAB` (the terms table of ``load_vocabulary``) into ``version_dir`` before
     it is published (``artifacts.save_arrow_atomic``)."""
     import pyarrow as pa
     from .artifacts import save_arrow_atomic
@@ -118,7 +118,7 @@ def write_vocabulary(version_dir: str, terms, df: np.ndarray, cf: np.ndarray) ->
 
 
 def read_vocabulary(version_dir: str, n_terms: int | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(terms in id order, df, cf) of a version: from :data:`VOCAB` where the build wrote it,
+    """(terms in id order, df, cf) of a version: from `VOCAB` where the build wrote it,
     else from ``stats.duckdb``. df and cf are writable copies (numba compiles another version
     of a kernel for a read-only array). Raises ValueError naming the file where it is not
     the table (or not ``n_terms`` rows, when given)."""

@@ -7,8 +7,8 @@ same centroids, so probing the same ``nprobe`` cells in each shard and merging t
 per-shard top-k gives the same answer as one big IVF index (faiss ``contrib/ondisk``).
 Small corpora use an exact Flat index instead. Shard embeddings are kept as ``.npy``
 files so the quantizer can be retrained without re-embedding. Above a memory budget the
-shards are IVF-PQ, re-scored exactly from those files at serving (:class:`ExactScorer`;
-the comment above :data:`DEFAULT_MEMORY_BUDGET` says why this design).
+shards are IVF-PQ, re-scored exactly from those files at serving (`ExactScorer`;
+the comment above `DEFAULT_MEMORY_BUDGET` says why this design).
 
 Layout of ``dense/``::
 
@@ -19,7 +19,7 @@ With passages (``pipelines.passages``) a row is a passage: a document has as man
 passages, all under its docno (FAISS ids stay document numbers: a document filter and every
 reader of ids work unchanged), in (local id, ordinal) order, and ``../passages/shard-NNNN.parquet``
 holds each row's (local_id, ordinal, char_start, char_end) in the same order
-(:func:`write_passage_shard`).
+(`write_passage_shard`).
 
 Pure: no Ray. GPU is used for k-means and adds when faiss-gpu and a GPU are present;
 files are always written as CPU indexes.
@@ -56,10 +56,10 @@ MIN_POINTS_PER_CENTROID = 39  # faiss warns below this; centroids are then unrel
 # Passages multiply vectors (a 10,000-word document gives ~50), and an IVF-Flat list entry is
 # the whole float32 vector plus its id: 1,544 bytes at dim 384, 1.5 GB per million passages
 # that serving wants in RAM. Above ``memory_budget`` (the lists' estimated bytes,
-# :func:`flat_list_bytes`) the build writes IVF-PQ instead: each vector's list entry is a
-# product-quantization code of dim/4 bytes (:func:`choose_pq`: 96 bytes at dim 384) plus its
+# `flat_list_bytes`) the build writes IVF-PQ instead: each vector's list entry is a
+# product-quantization code of dim/4 bytes (`choose_pq`: 96 bytes at dim 384) plus its
 # id, 15x smaller. PQ scores are approximate, so serving re-scores a shortlist exactly
-# (:class:`ExactScorer`): the PQ search yields ``k_factor`` times the documents wanted, each is
+# (`ExactScorer`): the PQ search yields ``k_factor`` times the documents wanted, each is
 # scored exactly from the float32 vectors, and the best k are returned with exact scores.
 #
 # Why not FAISS's ``IndexRefineFlat``: it keeps a second, full float32 copy of every vector
@@ -82,7 +82,7 @@ KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 #: 16 MB, NFCorpus's 3,633 are 11 MB). A serving machine with less RAM passes a smaller budget.
 DEFAULT_MEMORY_BUDGET = 4 * GIB
 #: One 8-bit PQ code per 4 dimensions (dim/4 bytes a vector), re-scoring 8 documents per
-#: document wanted (:func:`refine_shortlist`): on 1M MiniLM-like vectors (real passages and
+#: document wanted (`refine_shortlist`): on 1M MiniLM-like vectors (real passages and
 #: mixtures of them, real queries; bench/bench_dense_pq.py) in IVF4096 at nprobe 256, recall@10
 #: against exact search was 0.88 / 0.965 / 0.99 re-scoring 2x / 4x / 8x with dim/4-byte codes,
 #: and 0.63 / 0.79 / 0.90 / 0.95 at 2x / 4x / 8x / 16x with dim/8-byte codes: half the RAM
@@ -97,7 +97,7 @@ _UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "
 def parse_memory_budget(value) -> int:
     """Bytes of a memory budget: an int (bytes) or a size such as ``"512MiB"``, ``"4GiB"``,
     ``"1.5G"`` (units B, KiB, MiB, GiB, TiB; K/KB/M/MB/... are the same binary units).
-    ``None`` is :data:`DEFAULT_MEMORY_BUDGET`.
+    ``None`` is `DEFAULT_MEMORY_BUDGET`.
 
     Raises
     ------
@@ -150,7 +150,7 @@ def choose_pq(n: int, dim: int) -> tuple[int, int] | None:
 
 def refine_shortlist(k: int, k_factor: int = REFINE_K_FACTOR) -> int:
     """Documents re-scored exactly for a top ``k``: ``k_factor`` times ``k`` up to
-    :data:`REFINE_DEEP_CAP`, then one per document (a fusion's 100 candidates re-score 450
+    `REFINE_DEEP_CAP`, then one per document (a fusion's 100 candidates re-score 450
     documents, not 800: every passage of each is read, and the tail of a candidate list
     weighs little in the fusion)."""
     return int(k) + (int(k_factor) - 1) * min(int(k), REFINE_DEEP_CAP)
@@ -211,7 +211,7 @@ def train_quantizer(sample: np.ndarray, factory: str = "IVF{nlist},Flat", metric
         ``nlist == 0`` gives an exact ``IndexFlat`` (nothing to train).
     metric : {"ip", "l2"}
     nlist : int, optional
-        Default: :func:`choose_nlist` of the sample size (the build passes the corpus's).
+        Default: `choose_nlist` of the sample size (the build passes the corpus's).
     seed : int
         k-means seed, so rebuilds are reproducible.
 
@@ -374,7 +374,7 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
 
 def needs_refine(index: faiss.Index) -> bool:
     """True when ``index`` stores compressed codes (IVF-PQ, ...), whose scores are approximate
-    and are re-scored from the float vectors (:class:`ExactScorer`); False for Flat and IVF-Flat."""
+    and are re-scored from the float vectors (`ExactScorer`); False for Flat and IVF-Flat."""
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         return not isinstance(faiss.downcast_index(ivf), faiss.IndexIVFFlat)
@@ -397,7 +397,7 @@ class ExactScorer:
     metric : {"ip", "l2"}
         Inner product (higher is better) or squared L2 distance (lower is better), as FAISS.
     k_factor : int
-        Documents re-scored per document wanted (:func:`refine_shortlist`).
+        Documents re-scored per document wanted (`refine_shortlist`).
     """
 
     def __init__(self, embs: list[np.ndarray], ids: list[np.ndarray], metric: str = "ip",
@@ -547,7 +547,7 @@ class VectorSpool:
         index's shard count; ``finish`` then writes empty files for the shards that got no
         vector (a build). ``None``: only the shards seen (a reindex delta). ``passages_dir``:
         the vectors are passages (``add`` gets their ordinals and spans), written with
-        :func:`write_passage_shard`."""
+        `write_passage_shard`."""
         self.out_dir, self.spill_dir = out_dir, spill_dir
         self.dim = None if dim is None else int(dim)
         self.n_shards = None if n_shards is None else int(n_shards)
@@ -597,7 +597,7 @@ class VectorSpool:
 
     def finish(self) -> list[dict]:
         """Writes each shard's files (see ``n_shards``), removes the spill files; returns
-        :func:`write_dense_shard`'s info per shard. A local id seen twice is an error (a
+        `write_dense_shard`'s info per shard. A local id seen twice is an error (a
         batch delivered twice must not give a document two vectors)."""
         infos = []
         for s in sorted(self.seen | set(range(self.n_shards or 0))):
@@ -675,7 +675,7 @@ def _recall_at_k(dense_dir: str, n_shards: int, queries: np.ndarray, k: int, npr
     documents: the first ``k`` distinct ids of each ranking (with passages several vectors
     share a document's id; searched ``k`` times the most passages of a document deep).
     ``k_factor``: the indexes are re-scored (IVF-PQ), as serving does: the first
-    :func:`refine_shortlist` distinct documents, re-scored by :class:`ExactScorer`."""
+    `refine_shortlist` distinct documents, re-scored by `ExactScorer`."""
     per_doc = 1
     for s in range(n_shards):
         ids = np.load(_shard_files(dense_dir, s)[1])
@@ -728,7 +728,7 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
                       memory_budget: int | str | None = None) -> dict:
     """Train one quantizer across shards, write ``quantizer.faiss`` and ``ivf-NNNN.faiss``.
 
-    Reads the ``emb-/ids-NNNN.npy`` files written by :func:`write_dense_shard`
+    Reads the ``emb-/ids-NNNN.npy`` files written by `write_dense_shard`
     memory-mapped: only the training sample and one shard at a time are in memory.
 
     Parameters
@@ -738,10 +738,10 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     factory : str, optional
         ``faiss.index_factory`` string (``{nlist}`` filled in); default
         ``"IVF{nlist},Flat"``, or ``"Flat"`` when nlist is 0; above ``memory_budget``,
-        ``"IVF{nlist},PQ{m}x{nbits}"`` (:func:`choose_pq`; nlist at least 1). A factory
+        ``"IVF{nlist},PQ{m}x{nbits}"`` (`choose_pq`; nlist at least 1). A factory
         whose codes are approximate (PQ, SQ) is re-scored at serving (``refine``).
     nlist : int, optional
-        Default :func:`choose_nlist` of the corpus size (0: exact Flat).
+        Default `choose_nlist` of the corpus size (0: exact Flat).
     sample_size : int, optional
         Training sample; default ``64 * nlist`` (at least 39 * nlist), capped at the
         corpus size.
@@ -754,10 +754,10 @@ def build_dense_index(dense_dir: str, n_shards: int, factory: str | None = None,
     fingerprint : dict, optional
         The embedding model fingerprint, stored as ``fingerprint`` in the result.
     memory_budget : int or str, optional
-        Bytes (or a size, :func:`parse_memory_budget`) the index's lists may take in RAM at
-        serving; default :data:`DEFAULT_MEMORY_BUDGET`. Where IVF-Flat's
-        (:func:`flat_list_bytes`) would exceed it, the default factory is IVF-PQ with exact
-        re-scoring (the comment above :data:`DEFAULT_MEMORY_BUDGET` says why).
+        Bytes (or a size, `parse_memory_budget`) the index's lists may take in RAM at
+        serving; default `DEFAULT_MEMORY_BUDGET`. Where IVF-Flat's
+        (`flat_list_bytes`) would exceed it, the default factory is IVF-PQ with exact
+        re-scoring (the comment above `DEFAULT_MEMORY_BUDGET` says why).
 
     Returns
     -------

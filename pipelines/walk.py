@@ -17,7 +17,7 @@ as the corpus. Here:
 - Every folder entered and every file listed is remembered by ``(st_dev, st_ino)``, so no
   folder is walked twice and a loop of links ends, whatever ``follow_links`` says.
 - A link never reaches what the folder hides: a target inside the folder is checked like
-  the real path it is (hidden, or left out by the :mod:`.selection` rules); outside it, a
+  the real path it is (hidden, or left out by the `.selection` rules); outside it, a
   hidden target (a name starting with a dot) is skipped as hidden.
 - A name that is not valid UTF-8 (ids are UTF-8 text) is a reject that names it with its
   bytes escaped (``bad\\xff.md``); the walk goes on.
@@ -26,7 +26,7 @@ as the corpus. Here:
   would block the reader forever): they count as ``special``.
 
 A remote folder (``s3://``; no links there) is listed by pyarrow and the same hidden and
-exclusion rules applied to its paths (:func:`select_listing`), each hidden or excluded
+exclusion rules applied to its paths (`select_listing`), each hidden or excluded
 folder again counted once.
 """
 
@@ -228,7 +228,7 @@ def walk_local(root: str, rules: Rules, follow_links: bool = False, skip_hidden:
 
 def select_listing(infos, root: str, rules: Rules) -> Walk:
     """The files of a recursive pyarrow listing of ``root`` (a remote folder: no links), with
-    the hidden and exclusion rules applied as :func:`walk_local` applies them."""
+    the hidden and exclusion rules applied as `walk_local` applies them."""
     out = Walk()
     verdict: dict[str, str | None] = {}  # folder rel -> "hidden" | "excluded" | None
     counted: set[str] = set()

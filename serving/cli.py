@@ -12,7 +12,7 @@
 
 Start-up stays fast: building the parser imports nothing heavy. Choices that belong to
 another module (the searcher's modes, the fusions) are read from it only when ``--help``
-or the parse needs them (:class:`_LazyChoices`).
+or the parse needs them (`_LazyChoices`).
 """
 
 from __future__ import annotations

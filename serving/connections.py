@@ -5,8 +5,8 @@ keep-alive connection stays open, and how many connections are held at once.
 uvicorn bounds neither of the first two by itself: a connection that sends nothing, or
 trickles its request line and headers a byte at a time, is held for ever (its keep-alive
 timer starts only after a response, and any byte cancels it), so a few hundred such
-clients hold a few hundred descriptors. :func:`uvicorn_config` gives uvicorn an HTTP
-protocol (:class:`BoundedH11Protocol`, uvicorn's h11 protocol with a deadline added) that
+clients hold a few hundred descriptors. `uvicorn_config` gives uvicorn an HTTP
+protocol (`BoundedH11Protocol`, uvicorn's h11 protocol with a deadline added) that
 
 - from the moment a connection opens, and again from the end of each response, allows
   ``header_timeout_s`` seconds for a whole request head (request line and headers) to
@@ -83,7 +83,7 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
 
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request head and a cap on connections
-    (module docstring). ``limits`` is set on the subclass :func:`protocol_for` makes."""
+    (module docstring). ``limits`` is set on the subclass `protocol_for` makes."""
 
     limits: ConnectionLimits = ConnectionLimits()
 
@@ -146,13 +146,13 @@ class BoundedH11Protocol(H11Protocol):
 
 
 def protocol_for(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
-    """A :class:`BoundedH11Protocol` subclass bound to ``limits`` (uvicorn makes one instance
+    """A `BoundedH11Protocol` subclass bound to ``limits`` (uvicorn makes one instance
     per connection from the class it is given)."""
     return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": limits})
 
 
 def uvicorn_config(app, host: str, port: int, limits: ConnectionLimits | None = None, log_level: str = "warning"):
-    """A ``uvicorn.Config`` serving ``app`` under ``limits`` (default :class:`ConnectionLimits`)."""
+    """A ``uvicorn.Config`` serving ``app`` under ``limits`` (default `ConnectionLimits`)."""
     import uvicorn
     limits = limits or ConnectionLimits()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=protocol_for(limits),

@@ -9,8 +9,8 @@ differs fails with a message naming the field and the fix.
 Passages (DESIGN.md, "Long documents"): an index built with passages holds one vector per
 passage, each under its document's docno, so a search's ids are documents and a document
 filter applies unchanged. A document's score is its best passage's (MaxP): the passage
-search goes deep enough that k distinct documents come out of it (:meth:`DenseIndex.search_vectors`),
-and the passage that scored is found again from the stored vectors (:meth:`DenseIndex.best_passage`).
+search goes deep enough that k distinct documents come out of it (`DenseIndex.search_vectors`),
+and the passage that scored is found again from the stored vectors (`DenseIndex.best_passage`).
 
 IVF-PQ (built above the dense memory budget, ``pipelines.vectors``): PQ scores are
 approximate, so the search takes a shortlist of ``k_factor`` times the documents wanted and
@@ -23,8 +23,8 @@ Runtimes (DESIGN.md, "Embedding runtime on a CPU"): the fingerprint names the ru
 precision the vectors came from. Torch fp32, torch fp16 (GPU builds) and onnxruntime fp32 give
 the same vectors to float rounding (cosine >= 0.999, checked when a model is exported), so an
 index built with any of them is queried with onnxruntime fp32, which needs no torch import
-(:func:`query_spec`); an int8 index is a different embedder and is queried with int8 only
-(:func:`check_fingerprint` refuses anything else).
+(`query_spec`); an int8 index is a different embedder and is queried with int8 only
+(`check_fingerprint` refuses anything else).
 
 Thread-safe once opened: shard indexes are read-only (``nprobe`` is passed per search,
 never set on the shared index) and the query-embedding LRU cache is lock-protected.
@@ -77,7 +77,7 @@ def query_spec(fp: dict) -> dict:
     A local model runs on onnxruntime on the CPU: fp32 for a float index (whatever runtime built
     it: the vectors agree), int8 for an int8 one. Where ONNX cannot be made, ``make_provider``
     falls back to torch fp32, which a float index accepts and an int8 index refuses
-    (:func:`check_fingerprint`). An endpoint's spec is its fingerprint's.
+    (`check_fingerprint`). An endpoint's spec is its fingerprint's.
     """
     keys = ("kind", "model", "normalize", "query_prompt", "document_prompt")
     spec = {k: fp[k] for k in keys if k in fp}
@@ -91,7 +91,7 @@ def check_fingerprint(index_fp: dict, provider_fp: dict) -> None:
 
     Compares model (aliases resolved), dim, normalize and both prompts; ``kind`` may
     differ (an index built in-process can be queried through an endpoint serving the
-    same model), and so may the runtime within one :func:`vector_family` (an index built
+    same model), and so may the runtime within one `vector_family` (an index built
     with torch is queried with onnxruntime fp32); an int8 index takes int8 queries only.
 
     Raises
@@ -187,10 +187,10 @@ class DenseIndex:
         ----------
         dense_dir : str
         manifest_dense : dict
-            The manifest's ``dense`` section (what :func:`build_dense_index` returned,
+            The manifest's ``dense`` section (what `build_dense_index` returned,
             with ``fingerprint`` set to the build provider's fingerprint).
         provider : EmbeddingProvider
-            Query-time provider; checked with :func:`check_fingerprint`.
+            Query-time provider; checked with `check_fingerprint`.
         mmap : bool
             Memory-map shard indexes (IVF inverted lists stay on disk until touched).
 

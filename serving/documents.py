@@ -14,10 +14,10 @@ What ``get_document``, ``get_documents`` and ``list_documents`` answer in Python
 * **lines** (``from_line``, ``max_lines``; qmd's ``fromLine``/``maxLines``): 1-based lines,
   an alternative to the character range ``start``/``end``; the answer holds whole lines, each
   with its newline, and the same ``start``/``end``/``line_start``/``line_end`` as any range.
-* **listing** (:func:`list_documents`): doc ids in id order (code points), a page at a time
-  (``offset``, ``limit`` up to :data:`MAX_LIST_LIMIT`), narrowed to an id prefix or a glob,
+* **listing** (`list_documents`): doc ids in id order (code points), a page at a time
+  (``offset``, ``limit`` up to `MAX_LIST_LIMIT`), narrowed to an id prefix or a glob,
   with ``total``: how many match.
-* **by prefix or glob** (:func:`matching_ids`): ``get_documents`` fetches the first
+* **by prefix or glob** (`matching_ids`): ``get_documents`` fetches the first
   ``MAX_DOCUMENT_IDS`` matching ids, in id order, and says how many matched.
 
 Access, as for every read: a caller that is not an administrator sees only documents its ACL
@@ -115,7 +115,7 @@ def parse_fields(fields_json: str | None) -> dict:
 
 
 def select_fields(fields_json: str | None, wanted: tuple[str, ...], restricted: bool = False) -> dict:
-    """The ``wanted`` fields (:func:`check_fields`) of one stored document; a name it lacks is
+    """The ``wanted`` fields (`check_fields`) of one stored document; a name it lacks is
     left out. ``acl`` never for a ``restricted`` caller."""
     have = parse_fields(fields_json)
     if wanted == (ALL_FIELDS,):
@@ -157,8 +157,8 @@ def page_span(fields: dict, text: str, start: int, end: int) -> tuple[int, int] 
 def hits_with(vs: "VersionSearcher", hits: list, offset: int, wanted: tuple[str, ...] | None,
               restricted: bool) -> list:
     """A search's hits as a page returns them: ranks counted on from ``offset``, the
-    ``wanted`` fields (:func:`check_fields`) added, and the pages each citation spans where
-    the document has pages (:func:`page_span`)."""
+    ``wanted`` fields (`check_fields`) added, and the pages each citation spans where
+    the document has pages (`page_span`)."""
     pages = has_pages(vs.index.manifest)
     if not (offset or wanted or pages):
         return hits
@@ -285,7 +285,7 @@ def _fetch(vs: "VersionSearcher", n: int, start, end, lines, wanted, restricted:
 # -- several ---------------------------------------------------------------------------------
 
 def check_pattern(name: str, value: Any) -> str | None:
-    """An id ``prefix`` or ``glob`` as given: a string of at most :data:`MAX_PATTERN_CHARS`."""
+    """An id ``prefix`` or ``glob`` as given: a string of at most `MAX_PATTERN_CHARS`."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -371,8 +371,8 @@ def get_documents(vs: "VersionSearcher", doc_ids: list[str] | None, start=None, 
 # -- listing ---------------------------------------------------------------------------------
 
 def check_page(offset: Any, limit: Any) -> tuple[int, int]:
-    """A listing's ``offset`` (default 0) and ``limit`` (default :data:`DEFAULT_LIST_LIMIT`,
-    at most :data:`MAX_LIST_LIMIT`)."""
+    """A listing's ``offset`` (default 0) and ``limit`` (default `DEFAULT_LIST_LIMIT`,
+    at most `MAX_LIST_LIMIT`)."""
     a = _whole("offset", offset, 0, MAX_LIST_OFFSET)
     n = _whole("limit", limit, 1, MAX_LIST_LIMIT)
     return a or 0, DEFAULT_LIST_LIMIT if n is None else n

@@ -7,7 +7,7 @@ them too; keeping them here lets the modes import them without importing ``searc
 
 The front ends map them to their protocols: ``http.py`` answers both with 400 (its
 ``/health`` lists a ``ModeUnavailable`` mode as not available); ``mcp.py`` returns either
-as a tool error whose text is the message. :class:`IndexDamaged` is an
+as a tool error whose text is the message. `IndexDamaged` is an
 ``IndexFormatError``: the index, not the request, is at fault, and both front ends answer
 it as they answer a version that cannot be served (HTTP 503, an MCP tool error).
 """
@@ -41,7 +41,7 @@ class IndexDamaged(IndexFormatError):
 class ShardFault(Exception):
     """Internal: an impossible value in one shard's ``file`` (relative to the version folder,
     or to the shard's folder where the raiser does not know the shard), and ``reason``.
-    ``lexical.BM25Retriever`` turns it into :class:`IndexDamaged`; it never reaches a caller."""
+    ``lexical.BM25Retriever`` turns it into `IndexDamaged`; it never reaches a caller."""
 
     def __init__(self, file: str, reason: str):
         super().__init__(f"{file} {reason}")

@@ -1,7 +1,7 @@
 """Metadata filters and access control: one boolean mask over the documents, for every mode.
 
 A search may carry a *filter* (the same JSON in Python, HTTP, MCP and the CLI) and run as a
-*principal* (``serving/principals.py``). Both become one :class:`Mask`: which global document
+*principal* (``serving/principals.py``). Both become one `Mask`: which global document
 positions (shards concatenated in docno order) the search may return or read. It is built
 here, once per search, from the index's field columns (``pipelines/fields.py``, memory-mapped
 per shard, evaluated with vectorized NumPy), and every mode receives the same one:
@@ -13,9 +13,9 @@ per shard, evaluated with vectorized NumPy), and every mode receives the same on
 * Hybrid fuses the two filtered lists; rerank, snippets and context read filtered hits.
 * SIRA draws its feedback documents from filtered retrievals, and its DF evidence (which
   expansion terms exist and how common they are) from allowed documents only
-  (:meth:`Mask.df`), so no expansion term comes from a document the caller cannot read.
+  (`Mask.df`), so no expansion term comes from a document the caller cannot read.
 
-The mask travels down through a context variable (:func:`scope` / :func:`current`), set by
+The mask travels down through a context variable (`scope` / `current`), set by
 ``VersionSearcher.search`` around the mode it runs, so a retrieval made anywhere inside a
 filtered search (a SIRA proposer, a hybrid expansion, a new mode) is filtered without being
 told; the retrievers read it at the one place each asks FAISS or the postings.
@@ -32,7 +32,7 @@ Filter language (a JSON object; several keys in one object are ANDed)::
     {"and": [F, ...]}, {"or": [F, ...]}, {"not": F}
 
 An unknown field, an operator that does not apply to a field's type, or a value of the wrong
-type is a :class:`SearchError` naming the field and its type (HTTP 400, an MCP tool error);
+type is a `SearchError` naming the field and its type (HTTP 400, an MCP tool error);
 never a silently empty result. A filter has at most ``MAX_NODES`` conditions, ``MAX_DEPTH``
 levels and ``MAX_VALUES`` values in one list; as text (the CLI's ``--filter``) at most
 ``MAX_FILTER_CHARS`` characters, its JSON nesting measured before it is parsed
@@ -41,11 +41,11 @@ number is one a float holds (an integer of 310 digits or more is refused, not an
 
 Access control: a document's ``acl`` lists the principals and groups that may read it; one
 without ``acl`` is public (or private, ``funnel build --acl-absent private``). A principal's
-mask (:func:`acl_allow`) is ANDed with any filter; an administrator (the single ``--token``)
+mask (`acl_allow`) is ANDed with any filter; an administrator (the single ``--token``)
 and local callers (no principal) see everything. Collection statistics (df, avgdl, hence idf
 and scores) stay global, as in Elasticsearch's document-level security; every df a
 principal is *shown* (term_stats, explanations, SIRA's trace) is counted over the documents
-it may read (:meth:`Mask.df`), so no response names how many hidden documents hold a word.
+it may read (`Mask.df`), so no response names how many hidden documents hold a word.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class Mask:
     or None for every document.
 
     ``restricted``: the search runs as a principal that is not an administrator, so every df
-    it is shown is counted over the allowed documents (:meth:`df`)."""
+    it is shown is counted over the allowed documents (`df`)."""
 
     def __init__(self, allow: np.ndarray | None, doc_off: np.ndarray, restricted: bool = False):
         self.allow = allow
@@ -138,7 +138,7 @@ class Mask:
         return self.allow is None or bool(self.allows_docnos(np.array([docno], dtype=np.int64))[0])
 
     def allows_docnos(self, docnos: np.ndarray) -> np.ndarray:
-        """:meth:`allows_docno` over an array (bool, one per docno; padding ids -1 and ids
+        """`allows_docno` over an array (bool, one per docno; padding ids -1 and ids
         outside the index are False)."""
         docnos = np.asarray(docnos, dtype=np.int64)
         if self.allow is None:
@@ -258,13 +258,13 @@ def current() -> Mask | None:
 
 
 def active() -> Mask | None:
-    """:func:`current` when it leaves some document out (else None: nothing to filter)."""
+    """`current` when it leaves some document out (else None: nothing to filter)."""
     m = _CURRENT.get()
     return None if m is None or m.allow is None else m
 
 
 def restricted() -> Mask | None:
-    """:func:`current` when the caller is a principal whose dfs are counted over what it may read."""
+    """`current` when the caller is a principal whose dfs are counted over what it may read."""
     m = _CURRENT.get()
     return m if m is not None and m.restricted else None
 
@@ -455,7 +455,7 @@ def parse_filter(obj: Any, schema: dict[str, str], allow_acl: bool = False) -> t
 
 def loads_filter(text: str) -> Any:
     """A filter's JSON text parsed, once it is known to be bounded: at most
-    :data:`MAX_FILTER_CHARS` characters and :data:`MAX_FILTER_JSON_DEPTH` levels, measured
+    `MAX_FILTER_CHARS` characters and `MAX_FILTER_JSON_DEPTH` levels, measured
     before parsing; a SearchError naming the bound, or what is not JSON, otherwise."""
     if len(text) > MAX_FILTER_CHARS:
         raise SearchError(f"the filter has {len(text):,} characters; at most {MAX_FILTER_CHARS:,}")

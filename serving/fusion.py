@@ -203,7 +203,7 @@ def _ranked(entries: list[tuple[Hashable, float, dict[str, int], dict[str, float
 
 def rrf_arrays(ranks: Mapping[str, np.ndarray], k: float = RRF_K,
                weights: Mapping[str, float] | None = None) -> np.ndarray:
-    """:func:`rrf`'s scores (no bonus) for items given as arrays: ``ranks[name][i]`` is item
+    """`rrf`'s scores (no bonus) for items given as arrays: ``ranks[name][i]`` is item
     ``i``'s 1-based rank in list ``name``, 0 where the list lacks it. ``Σ w / (k + rank)``
     over the lists holding each item, in one vectorized pass (passages of a search's top
     documents are fused this way, hundreds at a time)."""
@@ -218,7 +218,7 @@ def rrf_arrays(ranks: Mapping[str, np.ndarray], k: float = RRF_K,
 
 def convex_arrays(scores: Mapping[str, np.ndarray], weights: Mapping[str, float],
                   all_equal: float = ALL_EQUAL_NORMALIZED) -> np.ndarray:
-    """:func:`convex`'s scores (min-max) for items given as arrays: ``scores[name][i]`` is
+    """`convex`'s scores (min-max) for items given as arrays: ``scores[name][i]`` is
     item ``i``'s score in list ``name``, NaN where the list lacks it (it then adds 0)."""
     w = _check_weights(list(scores), weights, default=0.0)
     n = len(next(iter(scores.values()))) if scores else 0
@@ -346,7 +346,7 @@ def position_blend(fused: Sequence[Fused], rerank_scores: Mapping[Hashable, floa
     Parameters
     ----------
     fused
-        Output of :func:`rrf` or :func:`convex` (its ``rank`` is the r of the formula).
+        Output of `rrf` or `convex` (its ``rank`` is the r of the formula).
     rerank_scores
         Document key -> raw reranker score, for the candidates that were reranked
         (usually the top 30-40). Min-max normalized to [0, 1] before blending.

@@ -27,18 +27,18 @@
                                every search a 503 too; damaged: [{version, file, reason,
                                since}] of versions the background scrub quarantined)
     GET  /status            -> /health's answer plus n_passages, dense, fields, access_control,
-                               restricted, as the caller sees them (:func:`index_status`)
+                               restricted, as the caller sees them (`index_status`)
 
 Every error body is ``{"error": "<what was wrong and what to do>"}``; see ``ERROR_STATUS``.
 Every input is bounded before any work (see "Limits" below): the body size before the
 token check and before it is read, and the time the body may take to arrive
-(:class:`RequestGuard`), then the fields (term count and length, options, k), then every
+(`RequestGuard`), then the fields (term count and length, options, k), then every
 option value, a finite number in its range (``serving/options.py``, in ``search()``); what
 is over a limit, or is not text (a lone surrogate), is a 4xx naming the limit, never a 500.
 Connections are bounded by ``serving/connections.py`` (a request head within
 ``--header-timeout``, idle ones closed after ``--keep-alive-timeout``, at most
 ``--max-connections`` open). With a token, every path but ``/health`` needs
-``Authorization: Bearer TOKEN``, ``/docs`` and ``/openapi.json`` included. Beyond loopback, :func:`serve` refuses to start without
+``Authorization: Bearer TOKEN``, ``/docs`` and ``/openapi.json`` included. Beyond loopback, `serve` refuses to start without
 a token unless told ``insecure=True`` (``--insecure``).
 The searcher is read-only, so requests run concurrently in the threadpool (``def``
 endpoints); at most once a second a request first checks whether CURRENT moved and, if so,
@@ -301,7 +301,7 @@ def check_range(start: Any = None, end: Any = None) -> tuple[int | None, int | N
     Raises
     ------
     SearchError
-        A value that is not a whole number, is negative or over :data:`MAX_OFFSET`, or an end
+        A value that is not a whole number, is negative or over `MAX_OFFSET`, or an end
         before the start; the message names the parameter and what to pass instead.
     """
     got: list[int | None] = []
@@ -337,8 +337,8 @@ def check_range(start: Any = None, end: Any = None) -> tuple[int | None, int | N
 
 
 def range_params(params) -> tuple[int | None, int | None]:
-    """:func:`check_range` of a request's query parameters (a Starlette ``QueryParams``):
-    only :data:`RANGE_PARAMS`, each at most once."""
+    """`check_range` of a request's query parameters (a Starlette ``QueryParams``):
+    only `RANGE_PARAMS`, each at most once."""
     seen = query_params(params, RANGE_PARAMS)
     return check_range(seen.get("start"), seen.get("end"))
 
@@ -382,7 +382,7 @@ class DocumentsRequest(BaseModel):
 def get_documents(searcher: Searcher, ids: list[str] | None, start: Any = None, end: Any = None,
                   principal=None, **named: Any) -> dict[str, Any]:
     """``POST /documents`` (and the MCP ``get_documents`` tool): the range checked first
-    (:func:`check_range`), then ``Searcher.get_documents`` on one index version (``named``:
+    (`check_range`), then ``Searcher.get_documents`` on one index version (``named``:
     its ``prefix``, ``glob``, ``from_line``, ``max_lines``, ``fields``), its answer with the
     range asked for added as ``start`` and ``end``."""
     a, b = check_range(start, end)
@@ -396,7 +396,7 @@ def search_with_options(searcher: Searcher, query: str, mode: str | None, k: int
 
     Every number is checked before the search (``serving/options.py``); an option value
     that only a mode can judge (``length_norm=5``) surfaces as a TypeError or ValueError
-    deep in it, and becomes a :class:`SearchError` naming the options (a 400, a tool error).
+    deep in it, and becomes a `SearchError` naming the options (a 400, a tool error).
     ``page``: ``offset`` and ``fields``, as ``search`` takes them.
     """
     try:
@@ -418,7 +418,7 @@ def term_stats(searcher: Searcher, terms: list[str], principal=None) -> dict[str
     ``Searcher.term_stats`` gives one row per analysed token, each repeating the raw term;
     here the rows are grouped back under their term, so the answer grows with the number of
     distinct tokens, not with tokens times term length. Callers bound ``terms`` first
-    (:data:`MAX_TERMS`, :data:`MAX_TERM_CHARS`). As a ``principal`` that is not an
+    (`MAX_TERMS`, `MAX_TERM_CHARS`). As a ``principal`` that is not an
     administrator, the counts are over the documents it may read and idf is None
     (``Searcher.term_stats``).
     """
@@ -510,7 +510,7 @@ def health_of(searcher: Searcher) -> tuple[dict[str, Any], int]:
 
 
 def index_status(searcher: Searcher, principal=None) -> dict[str, Any]:
-    """``GET /status`` and the MCP ``status`` tool: :func:`health_of`'s body plus what an agent
+    """``GET /status`` and the MCP ``status`` tool: `health_of`'s body plus what an agent
     plans its calls with, as ``principal`` sees it.
 
     Adds ``dense`` (the index has vectors; ``modes`` says whether they can be searched now),
@@ -632,7 +632,7 @@ def check_body_timeout(seconds: float) -> float:
     return float(seconds)
 
 
-#: Where :class:`RequestGuard` leaves the authenticated caller in the ASGI scope.
+#: Where `RequestGuard` leaves the authenticated caller in the ASGI scope.
 PRINCIPAL_KEY = "funnel.principal"
 
 
@@ -651,14 +651,14 @@ def caller_of(header: bytes, admin: bytes | None, tokens) -> Any:
 
 
 def principal_of(request: Request) -> Any:
-    """The caller :class:`RequestGuard` authenticated (None: no authentication, every document)."""
+    """The caller `RequestGuard` authenticated (None: no authentication, every document)."""
     return request.scope.get(PRINCIPAL_KEY)
 
 
 class RequestGuard:
     """ASGI middleware: what a request must pass before the app sees it, cheapest check first.
 
-    0. With ``hosts`` (:func:`allowed_hosts` patterns), a ``Host`` header naming another
+    0. With ``hosts`` (`allowed_hosts` patterns), a ``Host`` header naming another
        host: 421 (DNS-rebinding protection: a web page's script cannot reach a loopback
        server through a name it controls).
     1. A declared ``Content-Length`` over ``max_body_bytes``: 413, before anything is read
@@ -670,7 +670,7 @@ class RequestGuard:
        began (a stalled or trickled body), 408. What was read (at most ``max_body_bytes``)
        is replayed to the app, which never sees an oversized or partial body.
     4. The body's JSON nesting, measured before anything parses it: deeper than
-       :data:`MAX_BODY_DEPTH` levels, 400 (with ``jsonrpc``, the MCP app's, the body is a
+       `MAX_BODY_DEPTH` levels, 400 (with ``jsonrpc``, the MCP app's, the body is a
        JSON-RPC error, which an MCP client shows its caller).
 
     Answers are ``{"error": ...}`` JSON; a 413 or 408 closes the connection (the rest of
@@ -774,13 +774,13 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
                tokens=None) -> FastAPI:
     """Build the FastAPI app over a searcher (or an index root, opened here).
 
-    ``tokens`` (a :class:`~funnel.serving.principals.TokenFile`) authenticates callers who
+    ``tokens`` (a `TokenFile`) authenticates callers who
     each search as their principal (ACLs apply); ``token`` is the administrator's.
 
     Parameters
     ----------
     searcher_or_root
-        An open :class:`~funnel.serving.search.Searcher`, or an index root path.
+        An open `Searcher`, or an index root path.
     token
         If set, every path but ``/health`` (``/docs`` and ``/openapi.json`` included)
         requires ``Authorization: Bearer TOKEN``.
@@ -789,7 +789,7 @@ def create_app(searcher_or_root: Searcher | str | os.PathLike, token: str | None
     max_body_bytes
         Largest request body accepted; a larger one is a 413 before it is read.
     body_timeout_s
-        Seconds a request body may take to arrive in full; then 408 (:class:`RequestGuard`).
+        Seconds a request body may take to arrive in full; then 408 (`RequestGuard`).
 
     Returns
     -------
@@ -898,9 +898,9 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         A ``ChatProvider`` for SIRA's llm proposer and hybrid expansions (optional).
     allow_hosts
         ``Host`` header names accepted besides loopback and ``host`` itself (behind a proxy,
-        the name clients use); any other gets 421 (:func:`allowed_hosts`).
+        the name clients use); any other gets 421 (`allowed_hosts`).
     body_timeout_s
-        Seconds a request body may take to arrive in full; then 408 (:class:`RequestGuard`).
+        Seconds a request body may take to arrive in full; then 408 (`RequestGuard`).
     scrub
         The background scrub's interval and read rate (``serving.scrub``; default: a pass every
         6 h at 8 MiB/s; ``ScrubConfig(interval_s=0)`` turns it off).

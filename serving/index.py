@@ -174,7 +174,7 @@ class DocStore:
 
     @property
     def doc_ids(self) -> list[np.ndarray]:
-        """Each shard's doc_ids, views of :attr:`all_ids`."""
+        """Each shard's doc_ids, views of `all_ids`."""
         ids, b = self.all_ids, self._bounds
         return [ids[b[s]:b[s + 1]] for s in range(self.n_shards)]
 
@@ -240,7 +240,7 @@ class DocStore:
 
     def id_range(self, prefix: str) -> tuple[int, int]:
         """``[lo, hi)``: where the doc_ids starting with ``prefix`` lie in
-        :meth:`sorted_positions` (two binary searches; an id's first ``len(prefix)``
+        `sorted_positions` (two binary searches; an id's first ``len(prefix)``
         characters sort as the ids do)."""
         import bisect
         order, ids, n = self.sorted_positions(), self.all_ids, len(prefix)
@@ -372,13 +372,13 @@ class IndexVersion:
 
     Bytes that change after the open are read as they are (the arrays are memory-mapped):
     the kernels check every value they index with as they read it, and a query that meets
-    an impossible one calls :meth:`damaged`, which records this version as damaged (it
+    an impossible one calls `damaged`, which records this version as damaged (it
     answers no more BM25 queries; ``on_damage``, set by a ``VersionFollower``, stops
-    serving it) and gives the :class:`~funnel.serving.errors.IndexDamaged` to raise.
+    serving it) and gives the `IndexDamaged` to raise.
     """
 
     #: Called with (file relative to this version, reason) the first time a query finds a
-    #: file damaged (:meth:`damaged`); a ``VersionFollower`` sets it to its quarantine.
+    #: file damaged (`damaged`); a ``VersionFollower`` sets it to its quarantine.
     on_damage: Callable[[str, str], None] | None = None
     #: (file, reason) of the damage a query found; None while none was found.
     damage: tuple[str, str] | None = None
@@ -457,7 +457,7 @@ class IndexVersion:
 
     def damaged(self, file: str, reason: str, shard: int | None = None) -> IndexDamaged:
         """Record that a query found ``file`` (relative to this version) holding an impossible
-        value, for ``reason``; returns the :class:`IndexDamaged` to raise.
+        value, for ``reason``; returns the `IndexDamaged` to raise.
 
         With ``shard``, the open's structure checks run again on that shard first, and the
         first broken invariant they name (file, value, position) is what is recorded. The
@@ -530,7 +530,7 @@ def _peek_current(root: str) -> str | None:
 class VersionFollower(Generic[T]):
     """Follows CURRENT for a long-lived server; keeps the last good version when CURRENT breaks.
 
-    ``open_version(name)`` opens one version (an :class:`IndexVersion`, or a searcher built
+    ``open_version(name)`` opens one version (an `IndexVersion`, or a searcher built
     on one) and raises IndexFormatError or OSError when it cannot. ``current`` is what the
     server answers from. ``refresh()`` opens the version CURRENT now names; when that
     fails (torn manifest, bad checksum, missing files, CURRENT naming something outside
@@ -637,7 +637,7 @@ class VersionFollower(Generic[T]):
 
     def _watch(self, version_dir: str, opened) -> None:
         """Have the IndexVersion behind ``opened`` (itself, or its ``index``) report damage a
-        query finds (``IndexVersion.damaged``) to :meth:`quarantine`, as the scrub does."""
+        query finds (``IndexVersion.damaged``) to `quarantine`, as the scrub does."""
         ix = opened if isinstance(opened, IndexVersion) else getattr(opened, "index", None)
         if isinstance(ix, IndexVersion):
             me = weakref.ref(self)

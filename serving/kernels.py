@@ -182,7 +182,7 @@ KTH_BLOCKS = np.array([10, 100, 1000], dtype=np.int64)
 
 def block_table(blocks: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """(bmeta, keep): the int64 [S, 10] (address, length) table of each shard's
-    (``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) from :func:`block_maxima`, for
+    (``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) from `block_maxima`, for
     ``search_shards``; ``keep`` holds the arrays it points into, which the caller keeps
     referenced."""
     bmeta = np.zeros((len(blocks), 10), dtype=np.int64)
@@ -204,7 +204,7 @@ NO_BLOCKS = np.zeros((0, 10), dtype=np.int64)
 
 def impact_table(impacts: list[np.ndarray], dtype=np.float64) -> tuple[np.ndarray, list[np.ndarray]]:
     """(imeta, keep): the int64 [S, 2] (address, length) table of each shard's per-posting
-    impacts (:func:`posting_impacts`, or float32 ones: :func:`posting_impacts32`) for the
+    impacts (`posting_impacts`, or float32 ones: `posting_impacts32`) for the
     exhaustive kernels; ``keep`` holds the arrays, which the caller keeps referenced."""
     imeta = np.zeros((len(impacts), 2), dtype=np.int64)
     keep = []
@@ -345,7 +345,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True, inline="always")
     def _posting_fault(d, und):
-        """The fault code of a posting :func:`_bad_posting` refused."""
+        """The fault code of a posting `_bad_posting` refused."""
         return FAULT_DOCS if d >= und else FAULT_TFS
 
     @njit(cache=_CACHE, nogil=True, inline="always")
@@ -359,7 +359,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True, inline="always")
     def _impact_u(tf, c, table, itab, ucap, nt):
-        """:func:`_impact` on unsigned indices (``tf``, ``c``, ``ucap``, ``nt = len(table)``:
+        """`_impact` on unsigned indices (``tf``, ``c``, ``ucap``, ``nt = len(table)``:
         ``np.uint64``), for the accumulation loops: numba then emits no negative-index
         wraparound per access, which halves their cost. Same arithmetic, same bits."""
         if tf < ucap:
@@ -579,7 +579,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _reachable(acc, ids, m, r, theta):
-        """:func:`_keep_reachable` into a new array of ids' dtype."""
+        """`_keep_reachable` into a new array of ids' dtype."""
         out = np.empty(m, dtype=ids.dtype)
         return out[:_keep_reachable(acc, ids, m, r, theta, out)]
 
@@ -787,7 +787,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _block_maxima(indptr, docs, tfs, code, table, itab, block):
-        """:func:`block_maxima`: (fault, its arrays), fault a ``FAULT_*`` or 0. ``indptr`` is
+        """`block_maxima`: (fault, its arrays), fault a ``FAULT_*`` or 0. ``indptr`` is
         read once, into a checked copy: the file may change meanwhile."""
         V = indptr.shape[0] - 1
         cap = itab.shape[0] // table.shape[0]
@@ -843,8 +843,8 @@ if HAVE_NUMBA:
     def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m):
         """Add one term's ``w · tf/(tf + denom)`` over postings [a0, e0) to ``acc``, first-seen
         documents appended to ``touched`` after the ``m`` there (branch-free); returns the new
-        count, or ``-FAULT_*`` at a damaged posting. :func:`_accumulate`'s loop for one term
-        (:func:`_impact_u`); [a0, e0) checked by the caller, ``w`` positive."""
+        count, or ``-FAULT_*`` at a damaged posting. `_accumulate`'s loop for one term
+        (`_impact_u`); [a0, e0) checked by the caller, ``w`` positive."""
         um = np.uint64(m)
         ucap = np.uint64(cap)
         nt = np.uint64(table.shape[0])
@@ -1147,7 +1147,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, imp):
-        """:func:`_accumulate` without the list of touched documents (read back by a scan of
+        """`_accumulate` without the list of touched documents (read back by a scan of
         the whole accumulator instead: ``_offer_dense``, ``_approx_offer``). Keeping that
         list costs a store per posting whose address waits on the accumulator's load, so a
         query with about as many postings as the shard has documents pays more for it than
@@ -1294,7 +1294,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c):
-        """:func:`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
+        """`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
         leaves ``acc`` zeroed; returns (av, ad, n, bar)."""
         j = 0
         end = acc.shape[0] if m < 0 else m
@@ -1465,7 +1465,7 @@ if HAVE_NUMBA:
         return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
 
     def posting_impacts32(docs, tfs, code, table, itab):
-        """:func:`posting_impacts` rounded to float32 (the nearest float32 of each float64
+        """`posting_impacts` rounded to float32 (the nearest float32 of each float64
         impact): what the build stores (``impacts.npy``) for the exhaustive kernels'
         approximate pass, whose candidates are then rescored exactly (``_rescore_shard``)."""
         return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=np.float32))
@@ -1553,7 +1553,7 @@ if HAVE_NUMBA:
         shard's block maxima: where given, pruning shards use ``_score_shard_blocks``
         (``prune_min == 0`` makes it prune wherever the bounds allow, for tests), and a
         query that ``_prune_pays`` judges not worth pruning goes to
-        :func:`search_shards_plain` (with ``imeta``, ``imeta32``, ``rescore_min`` and
+        `search_shards_plain` (with ``imeta``, ``imeta32``, ``rescore_min`` and
         ``dense_min``, as that takes them), and so does ``prune_min = -1`` or a non-positive
         weight (whose scores that reads back without a touched list).
 
@@ -1626,7 +1626,7 @@ if HAVE_NUMBA:
         documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
         read back by one scan of its accumulator (``_is_dense``), and so is every shard for
         a query with a non-positive weight (whose sums may come back to 0.0 and list a
-        document twice). Returns (docnos, scores, fault), as :func:`search_shards`."""
+        document twice). Returns (docnos, scores, fault), as `search_shards`."""
         cap = itab.shape[0] // table.shape[0]
         if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
                 weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
@@ -1663,7 +1663,7 @@ if HAVE_NUMBA:
     @njit(cache=_CACHE, nogil=True)
     def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
                            table, itab, idf, qptr, qgids, k, out_pos, out_score, out_n):
-        """``search_batch`` with ``prune_min = -1`` through :func:`search_shards_plain`; returns
+        """``search_batch`` with ``prune_min = -1`` through `search_shards_plain`; returns
         0 or a fault code, as ``search_batch``."""
         for q in range(qptr.shape[0] - 1):
             a, b = qptr[q], qptr[q + 1]
@@ -1719,7 +1719,7 @@ if HAVE_NUMBA:
     def search_batch_weighted_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                                     touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, out_pos, out_score,
                                     out_n):
-        """``search_batch_weighted`` through :func:`search_shards_plain` (returns as ``search_batch``)."""
+        """``search_batch_weighted`` through `search_shards_plain` (returns as ``search_batch``)."""
         for q in range(qptr.shape[0] - 1):
             out_n[q] = 0
             gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
@@ -1747,7 +1747,7 @@ if HAVE_NUMBA:
         count: weight = count · idf). Writes its top ``k`` (k <= out_pos.shape[1]) as global
         document positions (``doc_off[shard] + local``) into ``out_pos[q]``, scores into
         ``out_score[q]``, and how many into ``out_n[q]``. Returns 0, or the first query's fault
-        code (:func:`search_shards`), where it stops.
+        code (`search_shards`), where it stops.
         """
         for q in range(qptr.shape[0] - 1):
             a, b = qptr[q], qptr[q + 1]
@@ -1819,7 +1819,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _eligible_marks(df, short, tau_n, rmark):
-        """``rmark`` as :func:`_rm3_select` takes it: 3 where a term can never be proposed
+        """``rmark`` as `_rm3_select` takes it: 3 where a term can never be proposed
         (df > tau_n, or one character), else 0."""
         for t in range(rmark.shape[0]):
             rmark[t] = 3 if df[t] > tau_n or short[t] else 0
@@ -1833,7 +1833,7 @@ if HAVE_NUMBA:
         times idf for the dense proposer), the best ``n_terms`` by (weight desc, id asc),
         scaled so the best is 1. Writes them to ``out_g``/``out_w``; returns how many.
         ``racc`` (one slot per term) is zero on entry and on return; ``rmark`` (one per term)
-        is :func:`_eligible_marks` on entry and on return: 3 marks a term that can never be
+        is `_eligible_marks` on entry and on return: 3 marks a term that can never be
         kept (df > tau·N or shorter than two characters), whose entries are then skipped
         before any arithmetic (they would be dropped after it; every kept term's sum is the
         same either way). n_terms >= 1. Returns -1 (marks and sums then not restored: the
@@ -1901,8 +1901,8 @@ if HAVE_NUMBA:
         order; ``_score_shard``'s exhaustive path), recording first-seen documents in
         ``touched`` after the ``m`` already there (branch-free: a slot is kept only when the
         document had no score yet); returns the new count. Unsigned indices throughout
-        (:func:`_impact_u`); where ``imp`` is given (non-empty: each
-        posting's impact, :func:`posting_impacts`), it is read instead of computed, one load
+        (`_impact_u`); where ``imp`` is given (non-empty: each
+        posting's impact, `posting_impacts`), it is read instead of computed, one load
         instead of three per posting.
 
         Every weight positive: each posting's ``w · impact`` is then above 0 (a tf of at
@@ -1942,8 +1942,8 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _accumulate_all(meta, imeta, code_proto, doc_off, acc, touched, table, itab, gids, weights, mcount):
-        """:func:`_accumulate` over every shard (``mcount[s]``: shard s's touched count);
-        returns 0 or a fault code (:func:`search_shards`)."""
+        """`_accumulate` over every shard (``mcount[s]``: shard s's touched count);
+        returns 0 or a fault code (`search_shards`)."""
         cap = itab.shape[0] // table.shape[0]
         local = np.empty(gids.shape[0], dtype=np.int64)
         for s in range(meta.shape[0]):
@@ -2037,12 +2037,12 @@ if HAVE_NUMBA:
         ``use_prf`` its BM25 top ``fb_docs`` are read from them (what ``search_shards`` would
         return for the query alone); the dense neighbours come in as global rows
         ``dense_rows[q, :dense_n[q]]`` with scores ``dense_w``; RM3 terms per source
-        (:func:`_rm3_select`; from both, a term keeps the larger weight); then the expansion
+        (`_rm3_select`; from both, a term keeps the larger weight); then the expansion
         terms, weighted ``lam`` · weight · idf in canonical order, are added to the same
         accumulators (pass 2), and the top ``k`` taken. So each score is BM25(q) + λ·BM25(e)
         summed in that order, as ``search_arrays(q, k, then=e)`` sums it, and the query's
         postings are read once. Outputs as ``search_batch``, plus the number of expansion
-        terms per query in ``out_nexp``. Returns 0, or a fault code (:func:`search_shards`)
+        terms per query in ``out_nexp``. Returns 0, or a fault code (`search_shards`)
         where it stops."""
         mask = np.int64(0xFFFFFFFF)
         S = meta.shape[0]

@@ -421,7 +421,7 @@ class BM25Retriever:
 
     def search_weighted_batch(self, queries: list[tuple[dict[str, float], dict[str, float] | None]], k: int,
                               params: BM25Params | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Top ``k`` of many weighted queries ``(terms, then)``, as :meth:`search_texts`
+        """Top ``k`` of many weighted queries ``(terms, then)``, as `search_texts`
         returns them: row ``i``'s first ``counts[i]`` entries are exactly ``search_arrays(
         terms, k, params, then)``. One compiled call for the whole batch where the kernel is
         in use (SIRA with a proposer that runs per query, e.g. the llm's, scores its chunk
@@ -520,7 +520,7 @@ class BM25Retriever:
 
     def search_gids(self, gids: np.ndarray, ws: np.ndarray, k: int,
                     params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`search_arrays` for canonical (global ids, w·idf), unfiltered (raises
+        """`search_arrays` for canonical (global ids, w·idf), unfiltered (raises
         ``ShardFault`` or ``IndexDamaged`` where a file is damaged)."""
         if self._use_kernel():
             meta, proto, doc_off, id_rank, _ = self._shard_args(params.length_norm)

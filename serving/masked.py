@@ -41,7 +41,7 @@ allows every document takes the unfiltered search.
 Without block maxima (a per-query (k1, b) override) or with a non-positive weight, a shard
 is scored without pruning by the same rule's two strategies (``masked_kernels.masked_shard``).
 ``bench/bench_filters.py`` measures each selectivity against the unfiltered search.
-``FUNNEL_NUMBA=0`` (or no numba) takes :func:`masked_reference`, the NumPy path.
+``FUNNEL_NUMBA=0`` (or no numba) takes `masked_reference`, the NumPy path.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def search_masked(bm25, gids: np.ndarray, ws: np.ndarray, k: int, params, mask) 
 
 def masked_reference(bm25, gids: np.ndarray, ws: np.ndarray, k: int, params, mask
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`search_masked` in NumPy: each shard's dense scores (``ShardScorer.score``, the
+    """`search_masked` in NumPy: each shard's dense scores (``ShardScorer.score``, the
     unfiltered reference's arithmetic), disallowed documents zeroed, the best k kept."""
     ix = bm25.index
     scores_parts, docno_parts, tie_parts = [], [], []

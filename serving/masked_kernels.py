@@ -4,11 +4,11 @@ Three per-shard kernels, each exact (an allowed document's score is the unfilter
 for bit: every term added from 0.0 in the canonical order with ``kernels._impact``'s
 arithmetic, ties by id rank; a disallowed document never enters the heap):
 
-* :func:`masked_shard`: no pruning. Term-at-a-time over every posting, a disallowed document
+* `masked_shard`: no pruning. Term-at-a-time over every posting, a disallowed document
   left out when the scores are offered to the heap; or, for a selective mask, galloping
   through each term's postings to each allowed document. Used where there are no block maxima (a
   per-query (k1, b) override) or a weight is not positive (the bounds need positive ones).
-* :func:`masked_blocks`: ``kernels._score_shard_blocks`` (block-max MaxScore) under a mask.
+* `masked_blocks`: ``kernels._score_shard_blocks`` (block-max MaxScore) under a mask.
   The block maxima and per-term bounds are the unfiltered ones: a mask only removes
   documents, so they stay upper bounds. The lower bound ``theta`` on the k-th score comes
   from allowed documents only (partial scores of the allowed documents seen, or the shared
@@ -16,7 +16,7 @@ arithmetic, ties by id rank; a disallowed document never enters the heap):
   *allowed* score; the unfiltered kernel's head start from the blocks' k-th maxima
   (``_theta_from_blocks``) is not valid under a mask (those documents may be disallowed)
   and is not used.
-* :func:`masked_closed`: the allowed documents are the only candidates from the start
+* `masked_closed`: the allowed documents are the only candidates from the start
   (a closed set: no posting outside them matters). Term by term in the canonical order, a
   term with few postings next to the candidates left is streamed; for a longer one each
   candidate is looked up by galloping over the term's block last-documents and then inside
@@ -77,7 +77,7 @@ if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True, inline="always")
     def _impact_u(tf, c, table, itab, ucap, nt):
-        """:func:`_impact` on unsigned indices (``np.uint64`` all; ``nt = len(table)``): no
+        """`_impact` on unsigned indices (``np.uint64`` all; ``nt = len(table)``): no
         wraparound check per access in the accumulation loops."""
         if tf < ucap:
             return itab[tf * nt + c]
@@ -482,7 +482,7 @@ if HAVE_NUMBA:
     def _accumulate_masked(docs, tfs, code, table, itab, cap, a0, e0, w, allow, acc, touched, m):
         """Add one term's ``w · impact`` over postings [a0, e0) to the allowed documents'
         ``acc``, first-seen allowed documents appended to ``touched`` after the ``m`` there
-        (branch-free, as :func:`masked_shard`); the new count, or ``-FAULT_*`` at a damaged
+        (branch-free, as `masked_shard`); the new count, or ``-FAULT_*`` at a damaged
         posting. [a0, e0) checked by the caller; ``w`` positive."""
         um = np.uint64(m)
         ucap = np.uint64(cap)

@@ -39,9 +39,9 @@ wrong and what to do.
 Over stdio, a request line that is not a JSON-RPC message (not JSON, too deep, a lone
 surrogate, longer than ``--max-body-bytes``) is answered with a JSON-RPC error (-32700
 Parse error or -32600 Invalid Request, ``id`` null), so the caller never waits for an
-answer that will not come (:class:`_StdinLines`).
+answer that will not come (`_StdinLines`).
 
-Over streamable HTTP, the same :class:`~funnel.serving.http.RequestGuard` as the HTTP API
+Over streamable HTTP, the same `RequestGuard` as the HTTP API
 sits in front of the MCP app: a body over ``--max-body-bytes`` is a 413 before anything
 else, one not all there ``--body-timeout`` seconds after it began a 408, then with a
 token (``--token`` / ``$FUNNEL_TOKEN``) a request without ``Authorization: Bearer TOKEN``
@@ -50,7 +50,7 @@ server refuses to start without a token unless ``--insecure``.
 
 DNS rebinding: the MCP library checks the Host header only when it listens on loopback;
 on any other address it would accept every Host. Here the check is always on, against
-:func:`allowed_hosts`: the loopback names, the address listened on or, for a wildcard
+`allowed_hosts`: the loopback names, the address listened on or, for a wildcard
 address (0.0.0.0, ::), this machine's host name, its fully qualified name and their
 addresses, plus every ``--allow-host`` (the name clients use, e.g. behind a proxy). A
 request naming any other host is a 421. The token alone would stop a rebinding page
@@ -226,15 +226,15 @@ def _request_id(line: str) -> str | int | None:
 
 
 class FunnelMCPServer(MCPServer):
-    """:class:`MCPServer` that refuses tool arguments it does not know and answers every
-    stdio line (:class:`_StdinLines`)."""
+    """`MCPServer` that refuses tool arguments it does not know and answers every
+    stdio line (`_StdinLines`)."""
 
     def __init__(self, *args, max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_line_bytes = max_line_bytes
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
-        """As :meth:`MCPServer.call_tool`, but an argument the tool does not take is a tool
+        """As `MCPServer.call_tool`, but an argument the tool does not take is a tool
         error naming it and the valid ones (the SDK drops it silently, so a misspelt
         ``optoins`` searched with no options; HTTP answers the same body with 422)."""
         tool = next((t for t in await self.list_tools() if t.name == name), None)
@@ -247,7 +247,7 @@ class FunnelMCPServer(MCPServer):
         return await super().call_tool(name, arguments, context)
 
     async def run_stdio_async(self) -> None:
-        """As :meth:`MCPServer.run_stdio_async`, reading stdin through :class:`_StdinLines`."""
+        """As `MCPServer.run_stdio_async`, reading stdin through `_StdinLines`."""
         lines = _StdinLines(self.max_line_bytes)
         async with stdio_server(stdin=lines) as (read_stream, write_stream):
             lines.answer_on(write_stream)
@@ -268,7 +268,7 @@ def package_version() -> str:
 def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
                      max_line_bytes: int = DEFAULT_MAX_BODY_BYTES, token: str | None = None,
                      tokens=None) -> MCPServer:
-    """An :class:`MCPServer` with the ``search``, ``get_document``, ``get_documents``,
+    """An `MCPServer` with the ``search``, ``get_document``, ``get_documents``,
     ``list_documents``, ``term_stats`` and ``status`` tools.
 
     Parameters
@@ -480,9 +480,9 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
 
 def mcp_http_app(searcher: Searcher, host: str, hosts: list[str], token: str | None = None, tokens=None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
-    """The streamable-HTTP MCP app over ``searcher`` as :func:`run_mcp` serves it: the MCP
-    server's app (``Host`` checked against ``hosts``, :func:`allowed_hosts`) behind the same
-    :class:`RequestGuard` as the HTTP API, with ``token`` and ``tokens`` (a ``TokenFile``)."""
+    """The streamable-HTTP MCP app over ``searcher`` as `run_mcp` serves it: the MCP
+    server's app (``Host`` checked against ``hosts``, `allowed_hosts`) behind the same
+    `RequestGuard` as the HTTP API, with ``token`` and ``tokens`` (a ``TokenFile``)."""
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
@@ -515,7 +515,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     insecure
         Listen beyond loopback without a token anyway; logs a loud warning.
     allow_hosts
-        Host header values accepted besides :func:`allowed_hosts`' defaults.
+        Host header values accepted besides `allowed_hosts`' defaults.
     max_body_bytes
         Largest request body accepted (413 beyond it, before the token check); over stdio,
         the longest request line (a longer one is skipped and answered with a JSON-RPC error).

@@ -1,9 +1,9 @@
 """The values of per-query search options: each number finite and in range, checked once.
 
-``VersionSearcher._check_options`` calls :func:`check_option_values` before any mode reads
+``VersionSearcher._check_options`` calls `check_option_values` before any mode reads
 an option, and every front end reaches it (Python ``search``/``search_batch``, the CLI's
 flags, HTTP ``/search``, the MCP ``search`` tool), so a bad value is one
-:class:`~funnel.serving.errors.SearchError` naming the option (HTTP 400, an MCP tool
+`SearchError` naming the option (HTTP 400, an MCP tool
 error, CLI exit 2) and never a silent wrong answer: ``k1`` = inf or nan scores every
 document 0 or nan, so the result was empty with a false note ("none of the query's terms
 occur"), and ``context_tokens`` = inf raised OverflowError (HTTP 500).

@@ -14,8 +14,8 @@ never counts a document it may not read.
 
 * **bm25**: the documents that hold at least one query term (every such document has a
   positive score). Exact (``eq``) when the query's terms have at most
-  :data:`EXACT_TOTAL_POSTINGS` postings in all: their postings are marked over the allowed
-  documents. Beyond that only the first :data:`EXACT_TOTAL_POSTINGS` postings (rarest terms
+  `EXACT_TOTAL_POSTINGS` postings in all: their postings are marked over the allowed
+  documents. Beyond that only the first `EXACT_TOTAL_POSTINGS` postings (rarest terms
   first) are counted, and the answer is a lower bound (``gte``): the larger of that count,
   the hits the ranking returned, and (for a search that sees every document) the most common
   term's document frequency.

@@ -3,7 +3,7 @@
 
 The build indexes every passage as a document of a second, ordinary BM25 index in the
 version's ``bm25-passages/`` folder (``funnel.pipelines.passage_bm25``). This module wraps
-an ordinary :class:`~funnel.serving.lexical.BM25Retriever` over that index and answers as the
+an ordinary `BM25Retriever` over that index and answers as the
 whole-document retriever does (same methods, the parent's docnos and doc ids), so bm25,
 hybrid and sira use it unchanged when ``VersionSearcher`` puts it in place of ``bm25``:
 
@@ -12,13 +12,13 @@ hybrid and sira use it unchanged when ``VersionSearcher`` puts it in place of ``
   the last one returned. So once ``k`` documents are found and the k-th scores strictly more
   than the last passage returned (or the search returned every matching passage), those are
   the top ``k`` documents by best passage, ties by doc_id as in whole-document BM25.
-  Otherwise the search is repeated :data:`GROWTH` times deeper (:meth:`PassageBM25.search_arrays`).
+  Otherwise the search is repeated `GROWTH` times deeper (`PassageBM25.search_arrays`).
 * **Filters and ACLs.** The search's document mask (``serving.filters``) becomes a passage
   mask (a passage is allowed where its document is), and the passage search runs under it:
   the masked search admits allowed passages only, so no passage of a document the caller may
   not read is scored, shown or counted, and ``k`` allowed documents come back whenever they
   exist. The dfs an explanation shows a principal count the passages it may read.
-* **Citations.** :meth:`PassageBM25.best_passage` names the passage a document's score came
+* **Citations.** `PassageBM25.best_passage` names the passage a document's score came
   from, with its character offsets (``passages/`` of the version), for the hit's citation.
 
 Scores are the passage index's BM25: its N (passages), df (passages holding a term) and
@@ -58,7 +58,7 @@ class PassageBM25:
         Its manifest's ``bm25_passages`` section (``dir``: the passage index's folder).
     spans_of : callable, optional
         ``docno -> (m, 2)`` character spans of a document's passages in ordinal order (the
-        version's ``passages/``, ``dense.Passages.spans_of``), for :meth:`best_passage`.
+        version's ``passages/``, ``dense.Passages.spans_of``), for `best_passage`.
     """
 
     name = "bm25"
@@ -114,7 +114,7 @@ class PassageBM25:
 
     def _use_kernel(self) -> bool:
         """False: the compiled paths that read a retriever's arrays directly (``sira.batch``)
-        score whole documents; this retriever answers through :meth:`search_arrays`."""
+        score whole documents; this retriever answers through `search_arrays`."""
         return False
 
     def query_terms(self, query: str) -> Counter:

@@ -13,8 +13,8 @@ on its own, by up to two signals:
   - ``bm25``: over the passage index of an index built with ``--bm25-passages``, with its
     statistics (N passages, df over passages, avgdl of passages): exactly the score that
     index gives the passage, so a passage-BM25 hit cites the passage its MaxP score came from
-    (:func:`bm25_of_docnos`);
-  - ``terms``: otherwise over the passage's text (:func:`text_bm25`): tf counted in the
+    (`bm25_of_docnos`);
+  - ``terms``: otherwise over the passage's text (`text_bm25`): tf counted in the
     passage's words, the index's idf, ``dl`` the passage's whitespace words and ``avgdl``
     their mean over the candidate passages.
 

@@ -59,7 +59,7 @@ ADMIN = Principal("admin", (), admin=True)
 
 
 def principal(name: str, groups=(), admin: bool = False) -> Principal:
-    """A :class:`Principal`, its name and groups checked (non-empty strings)."""
+    """A `Principal`, its name and groups checked (non-empty strings)."""
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
         raise ValueError(f"a principal is a non-empty name of at most {MAX_NAME_CHARS} characters, got {name!r}")
     if isinstance(groups, str) or not all(isinstance(g, str) and g.strip() for g in groups):
@@ -99,7 +99,7 @@ def parse_tokens(data: object, where: str) -> dict[str, Principal]:
 
 class TokenFile:
     """The principals of a tokens file, read again when the file changes (see the module
-    docstring). :meth:`lookup` is safe from many threads."""
+    docstring). `lookup` is safe from many threads."""
 
     def __init__(self, path: str, check_s: float = RELOAD_CHECK_S):
         self.path = os.path.abspath(path)
@@ -186,5 +186,5 @@ class AsPrincipal:
 
 
 def as_principal(searcher, who: Principal) -> AsPrincipal:
-    """``searcher`` bound to ``who`` (:class:`AsPrincipal`)."""
+    """``searcher`` bound to ``who`` (`AsPrincipal`)."""
     return AsPrincipal(searcher, who)

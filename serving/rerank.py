@@ -4,19 +4,19 @@ The funnel (DESIGN.md "Hybrid retrieval", step 4): the top 30-40 fused candidate
 ``RerankProvider.rerank(query, documents, top_n) -> [(index, score), ...]``, best first,
 where ``index`` points into ``documents``. Hybrid search hands each candidate's best
 passage (its citation: ``serving/citations.py``), not the whole document;
-:func:`best_chunk` finds the best window of a text that has no passages.
+`best_chunk` finds the best window of a text that has no passages.
 
-* :class:`CrossEncoderReranker` — a local sentence-transformers ``CrossEncoder``. No
+* `CrossEncoderReranker` — a local sentence-transformers ``CrossEncoder``. No
   pretrained cross-encoder ships offline here (no PyPI package carries one), so it needs a
   local model folder.
-* :class:`HTTPReranker` — a rerank service: Cohere / Jina ``POST /v1/rerank``
+* `HTTPReranker` — a rerank service: Cohere / Jina ``POST /v1/rerank``
   (``{"model", "query", "documents", "top_n"}`` -> ``{"results": [{"index",
   "relevance_score"}]}``) or Hugging Face TEI ``POST /rerank`` (``{"query", "texts"}`` ->
   ``[{"index", "score"}]``).
-* :class:`BiEncoderReranker` — a fallback that re-scores the candidates by cosine
+* `BiEncoderReranker` — a fallback that re-scores the candidates by cosine
   ``q·d / (|q| |d|)`` with any embedding provider (``embed_query``, ``embed_documents``).
 
-:func:`make_reranker` builds one from a spec string; its error message is generated from
+`make_reranker` builds one from a spec string; its error message is generated from
 the registry of forms.
 """
 

@@ -2,7 +2,7 @@
 
 The same object is returned by the Python API, the CLI (``--json``), HTTP and MCP. Every
 level is plain data: a frozen dataclass read by attribute (``hit.passage.start``) or by key
-(``hit["passage"]["start"]``, :class:`Record`), and ``to_dict()`` gives the JSON that HTTP
+(``hit["passage"]["start"]``, `Record`), and ``to_dict()`` gives the JSON that HTTP
 and MCP send.
 """
 

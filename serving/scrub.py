@@ -7,7 +7,7 @@ in a copy) leaves the stat as it was, so it goes unseen at open and the server a
 from damaged arrays: wrong rankings, wrong ids. Storage engines answer this with
 checksums re-read in the background (a ZFS scrub, Ceph's deep scrub); so does this.
 
-:class:`Scrubber` hashes every file of the served version against the sha256 its manifest
+`Scrubber` hashes every file of the served version against the sha256 its manifest
 (the copy opened, in memory) records, and checks the manifest on disk against its own
 checksum; reads are paced to a byte budget (``rate_mb_s``, MiB/s) so a pass costs a
 bounded share of the disk and of one core. ``run_once()`` is one pass, synchronous (tests
@@ -26,7 +26,7 @@ file; a page damaged on disk is seen once the cache no longer holds the good cop
 can find such damage first (a value no sound index holds, ``IndexVersion.damaged``): that
 takes the same three steps at once.
 
-:class:`ScrubThread` runs a pass every ``interval_s`` seconds (measured from the end of
+`ScrubThread` runs a pass every ``interval_s`` seconds (measured from the end of
 one pass to the start of the next; the first ``first_delay_s`` after the server starts,
 so it never competes with the warm-up) on a daemon thread at the lowest CPU priority
 (per-thread nice 19 on Linux). ``funnel serve`` and ``funnel mcp`` start one
@@ -110,7 +110,7 @@ def _index_of(served) -> IndexVersion:
 class Scrubber:
     """Re-hashes the version ``follower`` serves, paced to ``rate_mb_s`` (module docstring).
 
-    ``clock`` and ``sleep`` (default: a wait that :meth:`stop` interrupts) are what the
+    ``clock`` and ``sleep`` (default: a wait that `stop` interrupts) are what the
     pacing reads and calls; tests pass their own.
     """
 
@@ -258,7 +258,7 @@ class ScrubThread:
 
 
 def start_scrub(follower: VersionFollower, config: ScrubConfig | None) -> ScrubThread | None:
-    """A started :class:`ScrubThread` for ``config``; None when it is off (interval 0)."""
+    """A started `ScrubThread` for ``config``; None when it is off (interval 0)."""
     config = config or ScrubConfig()
     if not config.enabled:
         log.info("background scrub off (--scrub-interval 0): damage that leaves a file's stat unchanged "

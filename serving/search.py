@@ -97,7 +97,7 @@ def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], m
 class Searcher:
     """Answers queries over an index root; see the module docstring.
 
-    Each call works on one :class:`VersionSearcher`, taken once at its start, so a
+    Each call works on one `VersionSearcher`, taken once at its start, so a
     concurrent ``refresh()`` never mixes two versions inside one query.
 
     ``kernels=False`` answers every BM25 query on the NumPy reference path, with the same
@@ -286,7 +286,7 @@ class VersionSearcher:
                **options) -> SearchResult:
         """Search one query; ``options`` are mode parameters (k1, b, length_norm, nprobe, ...).
 
-        ``mode`` None is :meth:`default_mode`. ``filter`` (a JSON object or its text;
+        ``mode`` None is `default_mode`. ``filter`` (a JSON object or its text;
         ``serving.filters``) narrows the search to the documents it matches, in every mode,
         before ranking; ``principal`` (``serving.principals.Principal``) runs it as that
         caller: only documents its ACL lets it read. None for both: every document.
@@ -298,7 +298,7 @@ class VersionSearcher:
         ``explain=False`` there are no citations, and the summary lists the hits only.
 
         ``offset`` skips that many hits (the hits ranked ``offset + 1`` .. ``offset + k``;
-        ``offset + k`` at most :data:`MAX_K`), and ``total`` counts the matches
+        ``offset + k`` at most `MAX_K`), and ``total`` counts the matches
         (``serving.paging``). ``fields`` (names, or ``"*"``) adds each hit's stored fields
         (``serving.documents``); a citation of a document with pages (a PDF) names them."""
         budget, passages_per_hit = _check_summary_args(budget, passages_per_hit)
@@ -383,7 +383,7 @@ class VersionSearcher:
         queries : Mapping[str, str]
             ``{qid: text}``.
         mode, k, **options
-            As for :meth:`search`; a bad mode, k or option raises :class:`SearchError`
+            As for `search`; a bad mode, k or option raises `SearchError`
             before any query runs.
         remove_query : bool
             Drop the hit whose doc id equals the query id (BEIR ``ignore_identical_ids``,
@@ -393,9 +393,9 @@ class VersionSearcher:
             Where a bad query (empty, too long, ...) goes. With a dict, it is recorded as
             ``errors[qid] = reason``, left out of the result, and the other queries are
             answered. With ``None`` (default) the first bad query raises
-            :class:`SearchError` naming its qid.
+            `SearchError` naming its qid.
         filter, principal
-            As for :meth:`search`: every query under the same filter and caller.
+            As for `search`: every query under the same filter and caller.
 
         Returns
         -------
@@ -461,9 +461,9 @@ class VersionSearcher:
     def search_batch_rows(self, queries: Mapping[str, str], mode: str = "bm25", k: int = 100, *,
                           remove_query: bool = False, errors: dict[str, str] | None = None,
                           **options) -> list["RunRows"]:
-        """:meth:`search_batch`'s answers as arrays, for writing a run file
+        """`search_batch`'s answers as arrays, for writing a run file
         (``evaluation.trec.write_run_rows``): a list of ``RunRows`` (qids, doc ids [n, k],
-        scores [n, k], counts [n]) in query order, the same hits as :meth:`search_batch`.
+        scores [n, k], counts [n]) in query order, the same hits as `search_batch`.
         The bm25 and compiled sira paths hand over their result arrays as they are, with
         no Python object per hit but the doc id itself."""
         sink = _RowsSink(self)
@@ -694,18 +694,18 @@ class VersionSearcher:
         "documents", "missing", "deferred", "max_chars"}``, and ``matched`` when named by a
         pattern.
 
-        Named by ``doc_ids`` (at most :data:`MAX_DOCUMENT_IDS`; a repeated one is answered
+        Named by ``doc_ids`` (at most `MAX_DOCUMENT_IDS`; a repeated one is answered
         once), or by an id ``prefix`` or ``glob`` (``fnmatch``: ``*``, ``?``, ``[...]``): the
-        first :data:`MAX_DOCUMENT_IDS` matching ids the caller may read, in id order, with
+        first `MAX_DOCUMENT_IDS` matching ids the caller may read, in id order, with
         ``matched`` saying how many match in all (page through them with
-        :meth:`list_documents`). Each document is :meth:`get_document`'s answer for the same
+        `list_documents`). Each document is `get_document`'s answer for the same
         range and fields, in the order asked, and together their texts hold at most
         ``max_chars`` characters (default ``citations.MAX_RANGE_CHARS``, the bound of one
         ``get_document``): the document that meets the bound comes back cut (``truncated``,
         ``next_start``) and the ids after it are ``deferred``, not looked up (ask again for
         them). ``missing`` are ids this version does not have or, as ``principal``, may not
         read: the two are not told apart. A bad argument raises SearchError, as
-        :meth:`get_document` does."""
+        `get_document` does."""
         from . import documents
         return documents.get_documents(self, doc_ids, start, end, prefix=prefix, glob=glob, from_line=from_line,
                                        max_lines=max_lines, fields=fields, principal=principal,
@@ -721,13 +721,13 @@ class VersionSearcher:
         and ``limit`` (default ``documents.DEFAULT_LIST_LIMIT``, at most
         ``documents.MAX_LIST_LIMIT``) page through them, ``next_offset`` is the next page's
         offset (None after the last) and ``total`` counts every match. As ``principal``, only
-        documents it may read are listed or counted. ``fields`` as for :meth:`get_document`."""
+        documents it may read are listed or counted. ``fields`` as for `get_document`."""
         from . import documents
         return documents.list_documents(self, prefix, glob=glob, offset=offset, limit=limit, fields=fields,
                                         principal=principal)
 
     def mask(self, filter: Any = None, principal: Any = None) -> "filters.Mask | None":
-        """The :class:`~funnel.serving.filters.Mask` of a search with ``filter`` run as
+        """The `Mask` of a search with ``filter`` run as
         ``principal`` (None when neither narrows it); a SearchError for a bad filter."""
         cache = self._masks
         if cache is None:
@@ -768,7 +768,7 @@ class VersionSearcher:
 
 
 def open_index(root: str, **kwargs) -> Searcher:
-    """Open the CURRENT version of ``root`` (see :class:`Searcher`)."""
+    """Open the CURRENT version of ``root`` (see `Searcher`)."""
     return Searcher(root, **kwargs)
 
 

@@ -7,7 +7,7 @@ as they read it (``kernels``, "Damaged files"), which keeps a query safe from by
 change while a version is served; but a checksum only catches damage where the file was
 hashed (under ``verify="cached"`` a flip that leaves a file's stat unchanged is not
 re-hashed at open), so every open also checks what the kernels rely on, whatever the
-checksums said, and refuses the version with an :class:`IndexFormatError` naming the file
+checksums said, and refuses the version with an `IndexFormatError` naming the file
 and the broken invariant. When a query finds an impossible value, ``IndexVersion.damaged``
 runs these checks again on the shard to name it precisely.
 
@@ -38,7 +38,7 @@ What is checked, per shard (``pipelines.postings`` describes the files):
 
 and for the version: the shards' documents add up to the manifest's ``n_docs``, the
 ``docs/ids.arrow`` ranks lie within [0, n_docs), and its doc_id strings are well formed.
-An IVF-PQ dense index (re-scored from its float vectors) gets :func:`check_dense_vectors`.
+An IVF-PQ dense index (re-scored from its float vectors) gets `check_dense_vectors`.
 """
 
 from __future__ import annotations

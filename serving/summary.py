@@ -21,8 +21,8 @@ with how to fetch more::
   rank among all candidate passages fused with its document's rank), so a strong document
   can show two passages before a weak one shows any. An excerpt is the passage's best
   sentence or line (most query-term weight, w·idf) and its neighbours, up to
-  :func:`excerpt_tokens`; excerpts of one document that overlap or touch are merged.
-* The hit lines first take up to :data:`HIT_LINES_SHARE` of the budget, then excerpts take
+  `excerpt_tokens`; excerpts of one document that overlap or touch are merged.
+* The hit lines first take up to `HIT_LINES_SHARE` of the budget, then excerpts take
   what is left, then further hits are listed while they fit; hits left out are counted.
 
 Every line is counted with the budget's counter (``context.approx_tokens`` by default:

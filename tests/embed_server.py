@@ -2,7 +2,7 @@
 
 Serves a local sentence-transformers model with the real OpenAI request/response JSON
 (``input`` as a string or list of strings, ``encoding_format`` ``float`` or ``base64``,
-``data[].index``, ``usage``), so :class:`OpenAIEmbeddingProvider` is tested against
+``data[].index``, ``usage``), so `OpenAIEmbeddingProvider` is tested against
 real HTTP rather than a patched client. A server-side failure plan
 (``POST /_test/fail {"statuses": [429, 500]}``) makes the next requests fail in order,
 which is how the retry test proves the client backs off and retries.

@@ -53,7 +53,7 @@ def write_corpus(path: str, n_docs: int = 1200, seed: int = 7, acl: bool = False
 
 
 def random_filter(rng: random.Random) -> dict:
-    """A random filter over :func:`write_corpus`'s fields, of any selectivity."""
+    """A random filter over `write_corpus`'s fields, of any selectivity."""
     kind = rng.randrange(8)
     if kind == 0:
         return {"n": {"lt": rng.choice([1, 10, 100, 1000, 5000, 10_000])}}

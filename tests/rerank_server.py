@@ -78,7 +78,7 @@ def create_app(api_key: str | None = None) -> FastAPI:
 
 
 class RerankServer:
-    """Runs :func:`create_app` with uvicorn in a thread; ``url`` is its root."""
+    """Runs `create_app` with uvicorn in a thread; ``url`` is its root."""
 
     def __init__(self, api_key: str | None = None):
         self.app = create_app(api_key)

@@ -4,7 +4,7 @@ skipped and counted; both engines publish the same index; a reindex finds added,
 and removed files by content hash.
 
 The folder is made in the test: real files for the real readers (markdown-it-py, selectolax,
-pypdf), the PDFs written byte by byte (:func:`make_pdf`) and encrypted with pypdf.
+pypdf), the PDFs written byte by byte (`make_pdf`) and encrypted with pypdf.
 """
 
 from __future__ import annotations

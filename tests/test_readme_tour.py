@@ -12,7 +12,7 @@ README's tour and reused by the pages after it.
 
 A block that cannot run here (it needs a Ray cluster, S3, a GPU, a Kubernetes API, or it
 would run this test suite itself) is preceded by ``<!-- not-run: REASON -->``. The marker
-must carry a reason, and :data:`NOT_RUN` lists how many each page has, so nothing is skipped
+must carry a reason, and `NOT_RUN` lists how many each page has, so nothing is skipped
 silently and a new one is a visible change to this file. Such blocks are still checked:
 each ``funnel``, ``ray`` and ``python jobs/*.py`` command must name a subcommand that exists
 and flags that its ``--help`` lists; ``make`` targets must exist in the Makefile, pip
@@ -38,7 +38,7 @@ by the real MCP client (initialize, list tools, call ``search``), which then clo
 stdin. Only if a server's port is taken on this machine does the page get a free port
 instead, in that command and those after it (the one change to a command).
 
-After the last page, :data:`EXPECT` checks what the commands printed and made: the runs,
+After the last page, `EXPECT` checks what the commands printed and made: the runs,
 the comparisons, the regression check, the rejects, the reindex, the refusals.
 """
 

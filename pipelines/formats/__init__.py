@@ -2,10 +2,10 @@
 
 Each reader module has ``read(data: bytes, name: str) -> Document``: the file's bytes in,
 its title, text and type-specific metadata out. A file that cannot be read as a document
-(encrypted, empty, binary, no text layer) raises :class:`UnreadableFile` with the reason,
-which the folder reader (:mod:`funnel.pipelines.folder`) turns into a reject.
+(encrypted, empty, binary, no text layer) raises `UnreadableFile` with the reason,
+which the folder reader (`funnel.pipelines.folder`) turns into a reject.
 
-The registry :data:`READERS` maps a file-name extension to its reader; extensions not in
+The registry `READERS` maps a file-name extension to its reader; extensions not in
 it are skipped (and counted) by the folder reader. Readers import their library only when
 called, so a build without PDFs never needs pypdf, and a missing library is named with the
 extra that installs it (``pip install 'funnel[formats]'``).
@@ -95,12 +95,12 @@ def readable(name: str) -> bool:
 
 
 def require(extensions) -> None:
-    """Import the reader of each extension (a :data:`READERS` key): a missing library fails the
+    """Import the reader of each extension (a `READERS` key): a missing library fails the
     build before any work, with the package to install, instead of rejecting every file of a type."""
     for reader in {READERS[ext] for ext in extensions}:
         reader.load()
 
 
 def read_document(data: bytes, name: str) -> Document:
-    """Read one file by its extension (see :data:`READERS`)."""
+    """Read one file by its extension (see `READERS`)."""
     return reader_for(name).read(data, name)

@@ -9,7 +9,7 @@ The text is the pages' text joined by a form feed on a line of its own (``"\\n\\
 page break is also a paragraph break for the passage splitter), so the page of any offset is
 ``text.count("\\f", 0, offset) + 1``, from the indexed text alone; ``metadata["page_starts"]``
 holds the offset where each page begins (page ``i + 1`` starts at ``page_starts[i]``; see
-:func:`page_of`) and ``metadata["pages"]`` the page count. A page whose text cannot be
+`page_of`) and ``metadata["pages"]`` the page count. A page whose text cannot be
 extracted is kept empty and listed in ``metadata["page_errors"]``; a PDF without any text
 (scanned images), an encrypted one without its password, or a damaged one is a reject.
 """

@@ -26,7 +26,7 @@ _RST_ADORNMENT = re.compile(r"^([!-/:-@\[-`{-~])\1+\s*$")
 def decode_text(data: bytes, name: str) -> tuple[str, str]:
     """(text, encoding) of a text file's bytes, line endings normalized to ``\\n``.
 
-    Raises :class:`UnreadableFile` for an empty file (nothing but whitespace) or binary data.
+    Raises `UnreadableFile` for an empty file (nothing but whitespace) or binary data.
     """
     bad = _BINARY.search(data)
     if bad is not None:

@@ -2,10 +2,10 @@
 
     proposers  ->  DF filter  ->  score(d) = BM25(q, d) + λ · BM25(e, d), one weighted call
 
-* :mod:`.proposers`  where expansion vocabulary comes from (``prf``, ``dense``, ``llm``)
-* :mod:`.feedback`   the RM3 relevance model over a doc-major view of the postings
-* :mod:`.dffilter`   keep a phrase when a sub-n-gram has 1 ≤ df ≤ τ·N
-* :mod:`.mode`       settings, the weighted query, the mode function and its explanations
+* `.proposers`  where expansion vocabulary comes from (``prf``, ``dense``, ``llm``)
+* `.feedback`   the RM3 relevance model over a doc-major view of the postings
+* `.dffilter`   keep a phrase when a sub-n-gram has 1 ≤ df ≤ τ·N
+* `.mode`       settings, the weighted query, the mode function and its explanations
 
 Corpus enrichment (the build-time side) is not here: it lives with the build pipeline.
 """

@@ -10,7 +10,7 @@ every query of the fixtures. The per-query path stays the reference, and the one
 without numba, for the ``llm`` proposer, and by ``search()`` (which also builds the trace
 and the explanations). For the dense proposer the query vectors come from the dense index's
 cache (``search_batch`` embeds the batch first); its FAISS searches run in groups below
-FAISS's BLAS threshold (:func:`per_query_group`), so every score is the one a single-query
+FAISS's BLAS threshold (`per_query_group`), so every score is the one a single-query
 search computes.
 """
 
@@ -71,7 +71,7 @@ def _dense_feedback(searcher, texts: list[str], fb_docs: int, nprobe, offsets: n
 
 def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top ``k`` of each text under SIRA (``prep`` from ``mode.prepare``, with
-    :func:`batch_available`): (global positions [n, k], scores [n, k], counts [n]), as
+    `batch_available`): (global positions [n, k], scores [n, k], counts [n]), as
     ``BM25Retriever.search_texts``."""
     bm, ix, cfg, params = searcher.bm25, searcher.index, prep.config, prep.params
     n = len(texts)

@@ -7,7 +7,7 @@ is not too common.
 (DESIGN.md "SIRA retrieval"; the reference code keeps a phrase when any 1..max_n window
 has ``0 < df <= int(ratio * N)``, the same test for integer df). A window of one token is
 a unigram term; a longer window is looked up as an atomic n-gram term under
-:func:`ngram_key`, which only a corpus-enriched index holds: on a plain index every
+`ngram_key`, which only a corpus-enriched index holds: on a plain index every
 n-gram has df 0 and the unigrams decide. Windows made only of query tokens do not count,
 so a phrase cannot pass on the strength of a word the query already has.
 

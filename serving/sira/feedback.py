@@ -4,12 +4,12 @@
         P(t | R) ∝ Σ_{d ∈ F} w_d · tf(t, d) / |d|
 
 with F the feedback documents and w_d their retrieval score (the P(q | d) stand-in).
-:func:`rm3_weights` is that sum; :func:`select_terms` keeps the best ``n`` eligible terms
+`rm3_weights` is that sum; `select_terms` keeps the best ``n`` eligible terms
 (not in the query, 1 ≤ df ≤ τ·N as the DF filter will demand, at least two characters:
 Anserini skips terms with df/N > 0.1 and one-character terms the same way), optionally
 multiplied by idf (the ``dense`` proposer's "discriminative" weighting).
 
-The postings are term-major; feedback needs documents' terms, so :class:`ForwardIndex`
+The postings are term-major; feedback needs documents' terms, so `ForwardIndex`
 transposes the shards once, lazily, on first use (an ``argsort`` of each shard's postings:
 ~25 ms for SciFact's 5,183 documents, and one extra in-memory copy of the postings at 8 bytes
 per posting: int32 term id, float32 tf). An index too large for that copy would ship a
@@ -98,7 +98,7 @@ class ForwardIndex:
         return self._build()[6]
 
     def rm3_weights(self, docnos, doc_weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`rm3_weights` over these documents' rows."""
+        """`rm3_weights` over these documents' rows."""
         g, tf, owner, dl = self.rows(docnos)
         w = np.maximum(np.asarray(doc_weights, dtype=np.float64), 0.0)
         scale = np.divide(w, dl, out=np.zeros_like(w), where=dl > 0)

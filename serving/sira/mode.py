@@ -8,7 +8,7 @@ Both share idf, k1, b and document lengths, and BM25 is linear in the term weigh
 ``search_weighted`` call scores the sum in one pass over the postings: the query's terms
 first, then the expansion terms (``then=``), which is the order the compiled batch path
 (``batch.py``) adds them in. Each hit's explanation is the per-term contributions of the
-merged {term: weight} dict (:func:`weighted_query`), split into query and expansion terms.
+merged {term: weight} dict (`weighted_query`), split into query and expansion terms.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def _propose(searcher, query: str, qterms: dict[str, float], prep: Prepared
 
 def split_weights(qterms: dict[str, float], expansion: dict[str, tuple[float, tuple[str, ...]]],
                   lam: float) -> tuple[dict[str, float], dict[str, float]]:
-    """``weighted_query(qterms, e, lam)`` (``e``: :func:`expansion_terms`' weights) as the two
+    """``weighted_query(qterms, e, lam)`` (``e``: `expansion_terms`' weights) as the two
     groups ``search_weighted`` scores: the query's terms (an expansion weight folded in),
     then the new terms, in ``expansion``'s order."""
     first, then = dict(qterms), {}
@@ -281,7 +281,7 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
 
 
 def expand_weights(searcher, query: str, prep: Prepared) -> tuple[dict[str, float], dict[str, float]]:
-    """:func:`expand`'s ``(query_weights, expansion_weights)`` without its trace: the batch
+    """`expand`'s ``(query_weights, expansion_weights)`` without its trace: the batch
     path's per-query step (~5 µs a query less)."""
     qterms = dict(searcher.bm25.query_terms(query))
     proposals, proposer, *_ = _propose(searcher, query, qterms, prep)

@@ -59,7 +59,7 @@ class ProposalContext:
 def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: bool,
               rows: tuple | None = None) -> list[Proposal]:
     """RM3 terms of the feedback units: the documents' forward-index rows, or ``rows``
-    (term ids, tfs, owner, lengths: see :func:`passage_rows`)."""
+    (term ids, tfs, owner, lengths: see `passage_rows`)."""
     ix, fwd, cfg = ctx.searcher.index, ctx.searcher.forward, ctx.config
     if len(docnos) == 0:
         return []
@@ -119,8 +119,8 @@ def passage_feedback(searcher) -> bool:
 def passage_rows(searcher, query: str, docnos) -> tuple | None:
     """The dense proposer's feedback units: each document's best passage for ``query``
     (``DenseIndex.best_passage``), analyzed with its title as the document was;
-    (term ids, tfs, owner, lengths) for :func:`~.feedback.rm3_from_rows`, or None where
-    every document is one passage (:func:`passage_feedback`: their rows are the units)."""
+    (term ids, tfs, owner, lengths) for `rm3_from_rows`, or None where
+    every document is one passage (`passage_feedback`: their rows are the units)."""
     if not len(docnos) or not passage_feedback(searcher):
         return None
     ix, fwd, stored = searcher.index, searcher.forward, searcher.dense_mode.passages()
@@ -186,7 +186,7 @@ def evidence_sketch(chat, query: str, max_n: int, n: int = SKETCH_MAX_PHRASES, c
     looks at its 1..max_n windows and it contributes its unigrams). Whitespace is
     normalized, case-insensitive duplicates and phrases without a word character dropped.
     Cached by ``(chat.model, SKETCH_PROMPT_VERSION, query, max_n, n)`` in ``cache``
-    (default: a process-wide LRU). Raises :class:`funnel.serving.chat.ChatError` when the
+    (default: a process-wide LRU). Raises `funnel.serving.chat.ChatError` when the
     model fails.
     """
     cache = _sketch_cache() if cache is None else cache
