@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import bounds
 from .citations import MAX_RANGE_CHARS, text_range
 from .errors import SearchError
 
@@ -272,13 +273,28 @@ def get_document(vs: "VersionSearcher", doc_id: str, start: int | None = None, e
 
 
 def _fetch(vs: "VersionSearcher", n: int, start, end, lines, wanted, restricted: bool, max_chars: int) -> dict:
+    """One document's answer within ``max_chars`` characters: its title (at most
+    ``bounds.MAX_TITLE_CHARS``), its fields (at most ``bounds.MAX_FIELDS_CHARS`` of JSON), then
+    its text in what is left (``serving.bounds``); ``title_length`` / ``fields_truncated`` say
+    what was cut."""
     docs = vs.index.docs
     doc = docs.get(n)
     if lines is not None:
         start, end = line_offsets(doc["text"] or "", doc["doc_id"], *lines)
-    out = text_range(doc, start, end, max_chars)
+    title, title_cut = bounds.cut(doc["title"], min(bounds.MAX_TITLE_CHARS, max_chars - 1))
+    left = max_chars - len(title)
+    fields = fields_cut = None
     if wanted:
-        out["fields"] = select_fields(docs.fields_json(n), wanted, restricted)
+        fields, fields_cut = bounds.bound_json(select_fields(docs.fields_json(n), wanted, restricted),
+                                               min(bounds.MAX_FIELDS_CHARS, left - 1))
+        left -= bounds.json_chars(fields)
+    out = text_range({**doc, "title": title} if title_cut else doc, start, end, max(left, 1))
+    if title_cut:
+        out["title_length"] = len(doc["title"])
+    if wanted:
+        out["fields"] = fields
+        if fields_cut:
+            out["fields_truncated"] = True
     return out
 
 
@@ -360,7 +376,7 @@ def get_documents(vs: "VersionSearcher", doc_ids: list[str] | None, start=None, 
             missing.append(doc_id)
             continue
         doc = _fetch(vs, n, start, end, lines, wanted, restricted, budget)
-        budget -= len(doc["text"])
+        budget -= len(doc["text"]) + len(doc["title"] or "") + bounds.json_chars(doc.get("fields"))
         docs.append(doc)
     out = {"version": vs.version, "documents": docs, "missing": missing, "deferred": deferred, "max_chars": limit}
     if matched is not None:

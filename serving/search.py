@@ -20,6 +20,7 @@ import regex
 
 from . import filters
 from .bm25 import BM25Params
+from .bounds import bound_result
 from .errors import ModeUnavailable, SearchError  # re-exported: their home is errors.py
 from .index import IndexVersion, VersionFollower
 from .lexical import BM25Retriever, Scored
@@ -147,6 +148,13 @@ class Searcher:
         if name.startswith("__") or name in ("_current", "_follow"):
             raise AttributeError(name)
         return getattr(self._current, name)
+
+    def search(self, query: str, *args, **kwargs) -> SearchResult:
+        """`VersionSearcher.search` on the current version, its answer within
+        ``bounds.MAX_ANSWER_CHARS`` characters of document text whatever the corpus holds
+        (``serving.bounds``: titles, snippets, passages, fields and context; what was cut is
+        listed in ``trace["bounds"]``). Every front end searches through here."""
+        return bound_result(self._current.search(query, *args, **kwargs))
 
     @property
     def reranker(self):

@@ -2,7 +2,7 @@
 
 ``GET /documents/{id}?start=&end=`` and the MCP ``get_document`` return characters
 ``[start, end)`` of a document's text (the offsets a hit's citation gives), at most
-``MAX_RANGE_CHARS`` per answer with ``next_start`` to page on; ``POST /documents`` and the
+``MAX_RANGE_CHARS`` per answer, the title included, with ``next_start`` to page on; ``POST /documents`` and the
 MCP ``get_documents`` return up to ``MAX_DOCUMENT_IDS`` documents, ``MAX_RANGE_CHARS``
 characters in all; the MCP ``status`` tool (and ``GET /status``) say what the index is.
 A document the caller may not read answers exactly as one that does not exist.
@@ -128,8 +128,9 @@ def test_without_a_range_the_answer_is_as_before_and_bounded(http, corpus, searc
     assert short == searcher.get_document("pub-2")
     assert short["text"] == texts["pub-2"] and not short["truncated"] and short["next_start"] is None
     whole = http.get("/documents/long-0", headers=ADMIN).json()
-    assert whole["text"] == texts["long-0"][:MAX_RANGE_CHARS]
-    assert whole["truncated"] and whole["next_start"] == MAX_RANGE_CHARS and whole["length"] == len(texts["long-0"])
+    page = MAX_RANGE_CHARS - len(whole["title"])  # the title counts in the answer's bound (serving.bounds)
+    assert whole["text"] == texts["long-0"][:page]
+    assert whole["truncated"] and whole["next_start"] == page and whole["length"] == len(texts["long-0"])
 
 
 def test_a_citation_fetches_the_text_it_quotes(http, corpus):
@@ -194,8 +195,9 @@ def test_multi_get_bounds_the_characters_of_the_whole_answer(http, corpus):
     r = http.post("/documents", json={"ids": ["pub-1", "long-0", "pub-2", "no-such-doc"]}, headers=ADMIN).json()
     first, long_doc = r["documents"]
     assert first["text"] == texts["pub-1"] and not first["truncated"]
-    assert sum(len(d["text"]) for d in r["documents"]) == MAX_RANGE_CHARS
-    assert long_doc["text"] == texts["long-0"][:MAX_RANGE_CHARS - len(texts["pub-1"])]
+    assert sum(len(d["title"]) + len(d["text"]) for d in r["documents"]) == MAX_RANGE_CHARS
+    assert long_doc["text"] == texts["long-0"][:MAX_RANGE_CHARS - len(texts["pub-1"]) - len(first["title"])
+                                               - len(long_doc["title"])]
     assert long_doc["truncated"] and long_doc["next_start"] == len(long_doc["text"])
     assert r["deferred"] == ["pub-2", "no-such-doc"] and r["missing"] == []  # not looked up
     # paging the cut document on from next_start over the single get continues the text
@@ -307,7 +309,7 @@ def test_mcp_ranges_multi_get_and_status_per_caller(corpus):
         in negative.content[0].text
     got = multi.structured_content
     assert [d["doc_id"] for d in got["documents"]] == ["pub-1", "secret-1", "long-0"]
-    assert sum(len(d["text"]) for d in got["documents"]) == MAX_RANGE_CHARS
+    assert sum(len(d["title"]) + len(d["text"]) for d in got["documents"]) == MAX_RANGE_CHARS
     assert (got["missing"], got["deferred"]) == ([], ["pub-2", "no-such-doc"])
     assert "deferred" in multi.content[0].text and texts["pub-1"] in multi.content[0].text
     assert too_many.is_error and "doc_ids" in too_many.content[0].text

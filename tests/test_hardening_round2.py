@@ -459,3 +459,111 @@ def test_explanations_traces_and_term_stats_show_a_restricted_caller_no_idf(dens
                           headers={"Authorization": "Bearer admin-r2"}).json()
         assert admin["hits"][0]["explain"]["terms"]["river"]["idf"] > 0
     assert checked > 50  # the answers did carry statistics to check
+
+
+# -- 4. answers bounded whatever the corpus holds ------------------------------------------------
+
+HUGE_TITLE_CHARS = 2_400_000
+NO_BOUNDARY_CHARS = 1_500_000
+
+
+@pytest.fixture(scope="module")
+def huge_index(tmp_path_factory):
+    """An index whose documents hold a 2.4M-character title and a 1.5M-character text with no
+    token boundary after its first word (one passage as long as the text), among ordinary ones."""
+    from funnel.jobs.build_index import build
+    d = tmp_path_factory.mktemp("huge")
+    rows = [{"_id": "huge-title", "title": "river " * (HUGE_TITLE_CHARS // 6), "text": "river stone harbor"},
+            {"_id": "no-boundary", "title": "one passage", "text": "river " + "-" * NO_BOUNDARY_CHARS},
+            *({"_id": f"d{i}", "title": f"doc {i}", "text": "river stone " * (i + 1)} for i in range(20))]
+    with open(d / "c.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    build(str(d / "c.jsonl"), str(d / "ix"), engine="local")
+    return str(d / "ix")
+
+
+def hit_chars(result: dict) -> int:
+    """Characters of document text in a search answer: every hit's title, snippet, why,
+    passages and fields, and the packed context."""
+    total = 0
+    for h in result["hits"]:
+        total += len(h["title"] or "") + len(h.get("snippet") or "") + len(h.get("why") or "")
+        for c in [h.get("passage")] + list(h.get("passages") or []):
+            total += len(c["text"]) if c else 0
+        total += len(json.dumps(h["fields"], ensure_ascii=False, separators=(",", ":"))) if h.get("fields") else 0
+    return total + sum(len(c["text"]) for c in result["trace"].get("context") or [])
+
+
+def check_bounded_search(result: dict) -> None:
+    from funnel.serving.bounds import MAX_ANSWER_CHARS
+    assert result["hits"] and hit_chars(result) <= MAX_ANSWER_CHARS, hit_chars(result)
+    by_id = {h["doc_id"]: h for h in result["hits"]}
+    assert "huge-title" in by_id and "no-boundary" in by_id
+    assert len(by_id["huge-title"]["title"]) <= 1_000 and by_id["huge-title"]["title"].endswith("…")
+    cut = result["trace"]["bounds"]["cut"]
+    assert by_id["huge-title"]["rank"] in cut["title"]
+    for h in result["hits"]:  # a cut passage is still an exact citation
+        c = h["passage"]
+        assert c is None or c["end"] - c["start"] == len(c["text"])
+
+
+def test_a_search_over_huge_titles_and_texts_stays_within_the_bound(huge_index):
+    """Python, HTTP, MCP and the CLI's --json: the answer's document text is at most 100,000
+    characters (a k=3 search was 31 MB, one dense hit 15.7 MB), with a packed context asked
+    for too; what was cut is named in trace.bounds."""
+    with open_index(huge_index) as s:
+        res = s.search("river", k=22, context_tokens=1_000_000)
+        check_bounded_search(res.to_dict())
+        no_boundary = next(h for h in res.hits if h.doc_id == "no-boundary")
+        doc = s.get_document("no-boundary", no_boundary.passage.start, no_boundary.passage.end)
+        assert doc["text"] == no_boundary.passage.text
+        with live_server(create_app(s)) as port:
+            r = httpx.post(f"http://127.0.0.1:{port}/search", json={"query": "river", "k": 22, "options": {
+                "context_tokens": 1_000_000}}, timeout=300)
+            assert r.status_code == 200
+            check_bounded_search(r.json())
+            assert len(r.content) < 400_000  # the whole answer, JSON and summary included
+        res = mcp_call_in_process(s, "search", {"query": "river", "k": 22})
+        assert not res.is_error
+        check_bounded_search(res.structured_content)
+    r = run_cli("search", huge_index, "river", "--k", "22", "--json")
+    assert r.returncode == 0, r.stderr
+    check_bounded_search(json.loads(r.stdout))
+
+
+def test_fetching_a_document_with_a_huge_title_stays_within_the_bound(huge_index):
+    """A one-character range of the document with a 2.4M-character title was 5.2 MB."""
+    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    with open_index(huge_index) as s:
+        doc = s.get_document("huge-title", 0, 1)
+        assert doc["text"] == "r" and len(doc["title"]) == MAX_TITLE_CHARS
+        assert doc["title_length"] == HUGE_TITLE_CHARS // 6 * 6
+        whole = s.get_document("no-boundary")
+        assert len(whole["title"]) + len(whole["text"]) <= MAX_ANSWER_CHARS and whole["truncated"]
+        more = s.get_document("no-boundary", whole["next_start"])  # the rest pages on from next_start
+        assert more["start"] == whole["end"]
+        got = s.get_documents(["huge-title", "no-boundary", "d1"])
+        assert sum(len(d["title"]) + len(d["text"]) for d in got["documents"]) <= MAX_ANSWER_CHARS
+        assert [d["doc_id"] for d in got["documents"]] == ["huge-title", "no-boundary"] and got["deferred"] == ["d1"]
+        with live_server(create_app(s)) as port:
+            r = httpx.get(f"http://127.0.0.1:{port}/documents/huge-title?start=0&end=1", timeout=300)
+            assert r.status_code == 200 and len(r.content) < 5_000, len(r.content)
+            r = httpx.post(f"http://127.0.0.1:{port}/documents", json={"ids": ["huge-title", "no-boundary"]},
+                           timeout=300)
+            assert sum(len(d["title"]) + len(d["text"]) for d in r.json()["documents"]) <= MAX_ANSWER_CHARS
+        res = mcp_call_in_process(s, "get_document", {"doc_id": "huge-title", "start": 0, "end": 1})
+        assert not res.is_error and len(res.structured_content["title"]) == MAX_TITLE_CHARS
+        assert len(res.content[0].text) < 5_000
+
+
+def mcp_call_in_process(searcher, tool: str, args: dict):
+    import anyio
+    from mcp import Client
+
+    from funnel.serving.mcp import build_mcp_server
+
+    async def main_():
+        with anyio.fail_after(300):
+            async with Client(build_mcp_server(searcher)) as c:
+                return await c.call_tool(tool, args)
+    return anyio.run(main_)
