@@ -18,6 +18,9 @@ answer time (indexes built before this bound existed are served the same way), t
   title at most `MAX_TITLE_CHARS`, its ``fields`` at most `MAX_FIELDS_CHARS`,
   and its text what is left of the call's bound (``next_start`` pages on); ``title_length``
   and ``fields_truncated`` say what was cut.
+* a page of ``list_documents``: each title and fields cut the same way, and the page ends
+  early once its titles and fields reach `MAX_ANSWER_CHARS` (``next_offset`` goes on from
+  there).
 
 Nothing stored changes: the whole title, text and fields stay in the index, and the text is
 read in pages with ``get_document``'s ``start``.

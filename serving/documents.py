@@ -406,13 +406,25 @@ def list_documents(vs: "VersionSearcher", prefix: Any = None, *, glob: Any = Non
     pos = _matching_positions(vs, prefix, glob, principal)
     docs = vs.index.docs
     page = []
+    budget = bounds.MAX_ANSWER_CHARS  # titles and fields of the page (serving.bounds): it ends early past it
     for n in docs.docnos_at(pos[offset:offset + limit]).tolist():
+        if budget <= 0:
+            break
         doc = docs.get(n)
-        entry = {"doc_id": doc["doc_id"], "title": doc["title"], "length": len(doc["text"] or "")}
+        title, title_cut = bounds.cut(doc["title"], min(bounds.MAX_TITLE_CHARS, budget))
+        entry = {"doc_id": doc["doc_id"], "title": title, "length": len(doc["text"] or "")}
+        if title_cut:
+            entry["title_length"] = len(doc["title"])
+        budget -= len(title)
         if wanted:
-            entry["fields"] = select_fields(docs.fields_json(n), wanted, restricted)
+            entry["fields"], fields_cut = bounds.bound_json(select_fields(docs.fields_json(n), wanted, restricted),
+                                                            min(bounds.MAX_FIELDS_CHARS, budget))
+            budget -= bounds.json_chars(entry["fields"])
+            if fields_cut:
+                entry["fields_truncated"] = True
         page.append(entry)
     total = int(len(pos))
-    nxt = offset + limit if offset + limit < total else None
+    end = offset + len(page)  # a page cut short by the bound goes on from where it stopped
+    nxt = end if end < total else None
     return {"version": vs.version, "prefix": prefix, "glob": glob, "offset": offset, "limit": limit,
             "total": total, "next_offset": nxt, "documents": page}

@@ -567,3 +567,28 @@ def mcp_call_in_process(searcher, tool: str, args: dict):
             async with Client(build_mcp_server(searcher)) as c:
                 return await c.call_tool(tool, args)
     return anyio.run(main_)
+
+
+def test_a_listing_of_huge_titles_stays_within_the_bound(huge_index):
+    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    with open_index(huge_index) as s:
+        got = s.list_documents(limit=1000)
+        assert sum(len(d["title"]) for d in got["documents"]) <= MAX_ANSWER_CHARS
+        huge = next(d for d in got["documents"] if d["doc_id"] == "huge-title")
+        assert len(huge["title"]) == MAX_TITLE_CHARS and huge["title_length"] == HUGE_TITLE_CHARS // 6 * 6
+        assert got["total"] == 22 and len(got["documents"]) == 22 and got["next_offset"] is None
+
+
+def test_a_listing_ends_its_page_at_the_bound_and_goes_on_from_there(tmp_path):
+    from funnel.jobs.build_index import build
+    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    rows = [{"_id": f"t{i:03d}", "title": "long " * 400, "text": "river"} for i in range(150)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build(str(tmp_path / "c.jsonl"), str(tmp_path / "ix"), engine="local")
+    with open_index(str(tmp_path / "ix")) as s:
+        first = s.list_documents(limit=1000)
+        n = MAX_ANSWER_CHARS // MAX_TITLE_CHARS
+        assert len(first["documents"]) == n and first["next_offset"] == n and first["total"] == 150
+        rest = s.list_documents(offset=first["next_offset"], limit=1000)
+        assert [d["doc_id"] for d in first["documents"] + rest["documents"]] == [r["_id"] for r in rows]
+        assert rest["next_offset"] is None
