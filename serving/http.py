@@ -937,7 +937,9 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
                      token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts),
                      body_timeout_s=body_timeout_s, tokens=token_file)
     searcher = app.state.searcher
-    log.info("warm-up query answered in %.2fs", searcher.warm())  # before listening: no request pays it
+    warm = searcher.warm()  # before listening: no request pays it
+    log.info("warm-up query answered in %.2fs%s", warm, f" (query embedder ready in {searcher.warm_embedder_s:.2f}s)"
+             if searcher.warm_embedder_s else "")
     scrubbing = start_scrub(searcher.follower, scrub)
 
     class Server(uvicorn.Server):

@@ -557,7 +557,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         ix = open_index(index_root, chat=chat)
         scrubbing = None
         try:
-            ix.warm()  # the first tool call then does not load the compiled kernels (~0.5 s)
+            ix.warm()  # the first tool call then loads neither the compiled kernels nor the query embedder
             scrubbing = start_scrub(ix.follower, scrub)
             build_mcp_server(ix, max_line_bytes=max_body_bytes).run("stdio")
         finally:
@@ -575,7 +575,9 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     check_exposure(host, token or tokens, insecure, f"MCP for {index_root}")
     hosts = allowed_hosts(host, allow_hosts)
     ix = open_index(index_root, chat=chat)
-    log.info("warm-up query answered in %.2fs", ix.warm())  # before listening: no request pays it
+    warm = ix.warm()  # before listening: no request pays it
+    log.info("warm-up query answered in %.2fs%s", warm, f" (query embedder ready in {ix.warm_embedder_s:.2f}s)"
+             if ix.warm_embedder_s else "")
     scrubbing = start_scrub(ix.follower, scrub)
     app = mcp_http_app(ix, host, hosts, token=token, tokens=token_file, max_body_bytes=max_body_bytes,
                        body_timeout_s=body_timeout_s)

@@ -223,9 +223,10 @@ class VersionSearcher:
         version has vectors, in hybrid mode, for a server about to take requests: its first
         request then does not pay for loading numba's compiled kernels and this version's
         tables (~0.5 s), nor for loading the query embedder and its first embedding (seconds
-        with torch; ``query embedder ... ready in`` is logged). Returns the seconds taken.
+        with torch; kept in ``warm_embedder_s``, 0 without vectors). Returns the seconds taken.
         Never raises: where it fails, the server starts anyway and its first request pays."""
         t = time.perf_counter()
+        self.warm_embedder_s = 0.0
         try:
             docs = self.index.docs
             first = next((s for s in range(docs.n_shards) if docs.shard_size(s)), None)
@@ -235,10 +236,8 @@ class VersionSearcher:
                 self.search(words, mode="bm25", k=10)
                 if self.dense_mode.available:
                     e = time.perf_counter()
-                    dense = self.dense_mode.dense()
-                    dense.provider.embed_query("warm-up")  # not cached under a query anyone asks
-                    log.info("query embedder %s (%s) ready in %.2fs", dense.provider.name,
-                             type(dense.provider).__name__, time.perf_counter() - e)
+                    self.dense_mode.dense().provider.embed_query("warm-up")  # a query nobody asks: not cached
+                    self.warm_embedder_s = time.perf_counter() - e
                     self.search(words, mode="hybrid", k=10)
         except Exception as e:  # noqa: BLE001 - a warm-up must not stop a server from starting
             log.warning("warm-up query on %s failed (%s: %s); the first request pays for it instead",
