@@ -32,6 +32,18 @@ queries; PISA's compiled block-max WAND retrieval, ``threads=1``); q/s from the 
 and the median, by wall and by process CPU time. Then one query per call (funnel
 ``search_batch`` of one query, bm25s tokenize + retrieve, PISA one string) for p50/p99.
 Serving RSS: each system alone in a fresh process after answering every workload.
+
+``--bounds-check-cost`` times funnel alone, twice: its kernels as served, which check every
+value they index with against the arrays it indexes (``serving/kernels.py``, "Damaged
+files"), and the same kernels compiled without those checks (a second copy of the module,
+loaded with ``BOUNDS_CHECK`` off, not cached on disk), interleaved in one process: per round
+and workload and k, both in a shuffled order, each a ``search_batch`` of the workload (one
+thread, end to end), then both again as the compiled batch alone (``BM25Retriever.search_texts``
+on the workload's texts, whose analysis is cached by then). It prints checked ÷ unchecked
+process CPU time per workload (the median of the rounds' paired ratios, and the ratio of the
+best rounds) and writes its own section (``bounds-check-SIZE``); bm25s and PISA are not built.
+
+    .venv/bin/python bench/bench_workloads.py --bounds-check-cost --size 100k [--rounds 7] [--write]
 """
 
 from __future__ import annotations
@@ -333,6 +345,111 @@ def child_throughput(args: dict) -> None:
     bench_scale._done(args, out)
 
 
+def unchecked_kernels():
+    """``funnel.serving.kernels`` compiled again with ``BOUNDS_CHECK`` off (its module
+    docstring): the same source, every check compiled out, nothing cached on disk."""
+    import importlib.util
+
+    import funnel.serving.kernels as checked
+    name = "funnel.serving._kernels_unchecked"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, checked.__file__)
+        mod = importlib.util.module_from_spec(spec)
+        mod._UNCHECKED = True
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    mod = sys.modules[name]
+    assert mod.BOUNDS_CHECK is False and checked.BOUNDS_CHECK is True
+    return mod
+
+
+def child_boundscheck(args: dict) -> None:
+    """funnel's batch search with the checked and the unchecked kernels, interleaved
+    (module docstring, ``--bounds-check-cost``)."""
+    import funnel.serving.kernels as checked
+    from funnel.serving import lexical
+    from funnel.serving.search import open_index
+    variants = {"checked": checked, "unchecked": unchecked_kernels()}
+    ix = open_index(args["indexes"]["funnel"])
+    sets = args["sets"]
+    out: dict = {"load_start": os.getloadavg()[0], "cpu": {}, "wall": {}, "same": {}}
+
+    texts = {w: list(qs.values()) for w, qs in sets.items()}
+
+    def run(v: str, level: str, w: str, k: int):
+        lexical.kernels = variants[v]
+        try:
+            if level == "kernel":  # the compiled batch over the workload's (cached) term ids
+                return ix.bm25.search_texts(texts[w], k)
+            return ix.search_batch(sets[w], k=k)
+        finally:
+            lexical.kernels = checked
+    for w in sets:  # warm (compiles the unchecked copy) and compare the answers
+        for k in KS:
+            got = {v: run(v, "search", w, k) for v in variants}
+            out["same"][f"{w}|{k}"] = got["checked"] == got["unchecked"]
+    rng = random.Random(args["seed"])
+    for _ in range(args["rounds"]):
+        for w in sets:
+            for k in KS:
+                for level in ("search", "kernel"):
+                    order = list(variants)
+                    rng.shuffle(order)
+                    for v in order:
+                        t, c = time.perf_counter(), time.process_time()
+                        run(v, level, w, k)
+                        out["cpu"].setdefault(f"{v}|{level}|{w}|{k}", []).append(time.process_time() - c)
+                        out["wall"].setdefault(f"{v}|{level}|{w}|{k}", []).append(time.perf_counter() - t)
+    out["load_end"] = os.getloadavg()[0]
+    out["shards"] = ix.index.n_shards
+    bench_scale._done(args, out)
+
+
+def render_boundscheck(res: dict, command: str) -> str:
+    """The ``bounds-check-SIZE`` section: checked ÷ unchecked per corpus, workload and k."""
+    import numpy as np
+    loads = ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → {r['tp'].get('load_end', 0):.1f}"
+                      for c, r in res["corpora"].items())
+    L = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, shared with other jobs (1-minute load average "
+         f"over the timing children: {loads}). Command: `{command}`.", "",
+         "funnel's BM25 batch search (one thread) with the kernels as served, which compare every value read "
+         "from the index files before indexing memory with it, against the same kernels compiled with "
+         "`BOUNDS_CHECK` off, interleaved in one process in a shuffled order per round: each workload's "
+         "`search_batch` end to end, and the compiled batch alone (`BM25Retriever.search_texts`, analysis "
+         "cached). Ratio = checked ÷ unchecked process CPU time of the same round's two runs, the median over "
+         "the rounds (the ratio of the two best rounds in brackets; on a shared machine a single round is "
+         "off by several percent either way): above 1.00 the checks cost that much. CPU ms of the best "
+         "unchecked round for scale.", "",
+         "| corpus | workload | queries | k | search CPU ms | search: checked ÷ unchecked | kernel CPU ms "
+         "| kernel: checked ÷ unchecked | same results |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    meds, bests, kmeds = [], [], []
+    for c, r in res["corpora"].items():
+        tp = r["tp"]
+        for w, n in r["n_queries"].items():
+            for k in KS:
+                cells = []
+                for level in ("search", "kernel"):
+                    ck, un = tp["cpu"][f"checked|{level}|{w}|{k}"], tp["cpu"][f"unchecked|{level}|{w}|{k}"]
+                    best = min(ck) / min(un)
+                    med = float(np.median(np.asarray(ck) / np.asarray(un)))
+                    (meds if level == "search" else kmeds).append(med)
+                    bests.append(best)
+                    cells.append(f"{min(un) * 1000:,.1f} | **{med:.3f}** ({best:.3f})")
+                L.append(f"| {c} | {w} | {n:,} | {k} | " + " | ".join(cells)
+                         + f" | {'yes' if tp['same'][f'{w}|{k}'] else 'NO'} |")
+
+    def gm(xs):
+        return float(np.exp(np.mean(np.log(xs))))
+    L += ["", f"Over the {len(meds)} rows, median ratios: search {gm(meds):.3f} geometric mean ({min(meds):.3f} to "
+          f"{max(meds):.3f}), kernel {gm(kmeds):.3f} ({min(kmeds):.3f} to {max(kmeds):.3f}); best-round ratios "
+          f"{min(bests):.3f} to {max(bests):.3f}. "
+          f"{res['rounds']} rounds. Indexes: " + "; ".join(
+              f"{c} {r['n_docs']:,} docs, {r['tp'].get('shards')} shard(s)" for c, r in res["corpora"].items())
+          + "; numba " + bench_scale._pkg_version("numba") + "."]
+    return "\n".join(L)
+
+
 def child_rss(args: dict) -> None:
     """One system alone: open, answer every workload at k=10 and k=100, then its RSS."""
     s = OPENERS[args["system"]](args["index"])
@@ -343,7 +460,7 @@ def child_rss(args: dict) -> None:
     bench_scale._done(args, {"status": bench_scale._proc_status()})
 
 
-CHILDREN = {"throughput": child_throughput, "rss": child_rss}
+CHILDREN = {"throughput": child_throughput, "rss": child_rss, "boundscheck": child_boundscheck}
 
 
 def run_child(kind: str, args: dict, work: str, min_avail: int) -> dict:
@@ -482,6 +599,9 @@ def main(argv=None):
     p.add_argument("--build-only", action="store_true", help="make the corpora and indexes, time nothing")
     p.add_argument("--from-results", metavar="JSON[,JSON]", help="run nothing: render a saved results.json, or "
                    "several (one per corpus, e.g. runs of --corpora zipf and --corpora topical) together")
+    p.add_argument("--bounds-check-cost", action="store_true",
+                   help="time funnel's kernels with and without their bounds checks, interleaved (module "
+                        "docstring); builds and times funnel only, writes the 'bounds-check-SIZE' section")
     p.add_argument("--write", action="store_true", help="record the 'workloads' section of bench/RESULTS.md")
     a = p.parse_args(argv)
     if a.from_results:
@@ -499,14 +619,14 @@ def main(argv=None):
         return
     command = ".venv/bin/python bench/bench_workloads.py " + " ".join(sys.argv[1:] if argv is None else argv)
     min_avail = int(a.min_avail_gib * bench_scale.GIB)
-    res = {"command": command, "latency_queries": a.latency_queries, "corpora": {}}
+    res = {"command": command, "latency_queries": a.latency_queries, "rounds": a.rounds, "corpora": {}}
     for c in [x for x in a.corpora.split(",") if x]:
         if c not in CORPORA:
             p.error(f"--corpora {c}: choose from {', '.join(CORPORA)}")
         corpus = corpus_dir(c, a.size, a)
         work = os.path.join(a.work, f"{c}-{bench_scale.label(a.size)}")
         os.makedirs(work, exist_ok=True)
-        builds = {s: ensure_index(s, corpus, work, a) for s in SYSTEMS}
+        builds = {s: ensure_index(s, corpus, work, a) for s in (("funnel",) if a.bounds_check_cost else SYSTEMS)}
         if a.build_only:
             continue
         qpath = os.path.join(work, f"queries-{a.queries}.json")
@@ -519,6 +639,13 @@ def main(argv=None):
                 json.dump(sets, f)
         indexes = {s: b["path"] for s, b in builds.items()}
         print(f"  timing {c} ({', '.join(f'{w}: {len(q)}' for w, q in sets.items())}) ...", file=sys.stderr)
+        if a.bounds_check_cost:
+            tp = run_child("boundscheck", {"sets": sets, "indexes": indexes, "rounds": a.rounds, "seed": a.seed},
+                           work, min_avail)
+            if "failed" in tp:
+                raise SystemExit(f"timing failed on {c}: {tp['failed']}")
+            res["corpora"][c] = {"n_docs": a.size, "tp": tp, "n_queries": {w: len(q) for w, q in sets.items()}}
+            continue
         tp = run_child("throughput", {"sets": sets, "indexes": indexes, "rounds": a.rounds, "seed": a.seed,
                                       "latency_queries": a.latency_queries}, work, min_avail)
         if "failed" in tp:
@@ -530,7 +657,11 @@ def main(argv=None):
         name = f"results-{bench_scale.label(a.size)}-{'+'.join(res['corpora'])}.json"
         with open(os.path.join(a.work, name), "w") as f:  # one per size and corpora: --from-results
             json.dump(res, f, indent=1)
-    if not a.build_only:
+    if a.bounds_check_cost and not a.build_only:
+        report(f"bounds-check-{bench_scale.label(a.size)}", f"Cost of the kernels' bounds checks at "
+               f"{bench_scale.label(a.size).upper()} documents (bench/bench_workloads.py --bounds-check-cost)",
+               render_boundscheck(res, command), a.write)
+    elif not a.build_only:
         report(*section(res), render(res, command), a.write)
 
 

@@ -85,8 +85,8 @@ def _in_range(version_dir: str, rel: str, a: np.ndarray, lo: int, hi: int | None
     mn, mx = int(a.min()), int(a.max())
     bad = mn if mn < lo else mx
     where = int(np.flatnonzero(a == bad)[0])
-    bound = f"[{lo}, {hi})" if hi is not None else f"at least {lo}"
-    raise _fail(version_dir, rel, f"holds {what} {bad} at position {where}, outside {bound}")
+    bound = f"outside [{lo}, {hi})" if hi is not None else f"below {lo}"
+    raise _fail(version_dir, rel, f"holds {what} {bad} at position {where}, {bound}")
 
 
 def _offsets(version_dir: str, rel: str, ptr: np.ndarray, n_items: int, end: int, what: str) -> None:

@@ -313,24 +313,29 @@ def _paths(ix, k: int):
 
 
 def _corrupt(rng: random.Random, vdir: str, name: str, targets: dict) -> list[tuple[str, int, bytes]]:
-    """Damage ``name`` of one shard at a random place (a bit, a byte, or an extreme value
-    of the element's type, half the time inside what a query reads); the (path, offset,
-    old bytes) to put back."""
+    """Damage ``name`` of one shard at a random place (a bit, a byte, an extreme value of the
+    element's type, or a run of up to 4 KiB of zeros or random bytes: a bad sector), half the
+    time inside what a query reads; the (path, offset, old bytes) to put back."""
     shard = rng.choice(sorted(targets))
     path = os.path.join(vdir, shard, name)
     arr = np.load(path, mmap_mode="r")
     n, size = len(arr), arr.dtype.itemsize
     lo, hi = targets[shard].get(name, (0, n))
     i = rng.randrange(lo, max(lo + 1, min(hi, n))) if rng.random() < 0.5 else rng.randrange(n)
-    kind = rng.randrange(3)
-    if kind == 0:  # one bit
+    kind = rng.randrange(4)
+    if kind == 3:  # a run of bytes
+        at = arr.offset + i * size
+        run = min(rng.randrange(1, 4097), arr.offset + n * size - at)
+        new = bytes(run) if rng.random() < 0.5 else bytes(rng.randrange(256) for _ in range(run))
+        bit = 0
+    elif kind == 0:  # one bit
         at = arr.offset + i * size + rng.randrange(size)
         new = None
         bit = 1 << rng.randrange(8)
     elif kind == 1:  # one byte
         at = arr.offset + i * size + rng.randrange(size)
         new = bytes([rng.randrange(256)])
-    else:  # an extreme value of the element's type
+    elif kind == 2:  # an extreme value of the element's type
         at = arr.offset + i * size
         if arr.dtype.kind == "f":
             v = rng.choice([0.0, -1.0, float("nan"), float("inf"), 1e30, -0.0])
