@@ -293,6 +293,10 @@ def _paths(ix, k: int):
         finally:
             masked.STRATEGY = old
 
+    def numpy_masked():
+        with filters.scope(vs.mask({"cat": "memo"}, None)):
+            return one(retriever(kernels=False))
+
     return [
         ("exhaustive", lambda: one(retriever())),
         ("exhaustive-dense", lambda: one(retriever(dense_min_docs=0))),
@@ -307,6 +311,7 @@ def _paths(ix, k: int):
         ("masked-candidates", lambda: masked_runs("candidates")),
         ("masked-blocks", lambda: masked_runs("blocks")),
         ("numpy-reference", lambda: one(retriever(kernels=False))),
+        ("numpy-masked", lambda: numpy_masked()),
         ("explain", lambda: [(np.zeros(0, np.int64), np.zeros(0)) for _ in
                              [retriever().explain({"river": 1.0, "stone": 1.0}, 0)]]),
     ]
