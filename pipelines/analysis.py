@@ -48,6 +48,18 @@ _SEGMENT = regex.compile(
     r"((?:\w|\p{Emoji_Presentation}|\p{Extended_Pictographic}|\p{Regional_Indicator}).*?)\b",
     regex.DOTALL,
 )
+# A run of mid-word punctuation (MidLetter, MidNum, MidNumLet, Single_Quote) longer than two
+# characters: the segment regex tries every start inside such a run and scans to its end
+# from each, so a 40,000-character word of middle dots took 24 s. Two or more of them in a
+# row never join letters (WB6/WB7 and WB11/WB12 need a letter or digit on both sides of one
+# such character), so the run's first two characters segment the text exactly as the whole
+# run does, and the tokens are the same.
+# (Extend, Format and ZWJ characters attach to the character before them, WB4, so each
+# punctuation character of the run brings those that follow it.)
+_MID_UNIT = r"[\p{WB=MidNumLet}\p{WB=Single_Quote}\p{WB=MidLetter}\p{WB=MidNum}]"
+_MID_RUN = regex.compile(rf"((?:{_MID_UNIT}){{2}})(?:{_MID_UNIT})+")
+#: Words at most this long are segmented as they are (a run inside them costs little).
+_MID_RUN_MIN_WORD = 64
 # StandardTokenizer emits no token for a run of connector punctuation alone ("___").
 _CONNECTOR_ONLY = regex.compile(r"[\p{WB=ExtendNumLet}\p{WB=Extend}\p{WB=Format}]+")
 # Where splitting at whitespace could cut differently from segmenting the whole text: an
@@ -168,7 +180,10 @@ class Analyzer:
     def _analyze_word(self, text: str) -> str | tuple[str, ...]:
         stem, stop = (self._stem if self._stemmer is not None else None), self._stopwords
         # An ASCII letters-and-digits word is one UAX#29 segment (WB5, WB8-WB10): no regex.
-        segs = (text,) if text.isascii() and text.isalnum() else _SEGMENT.findall(text)
+        if text.isascii() and text.isalnum():
+            segs = (text,)
+        else:
+            segs = _SEGMENT.findall(_MID_RUN.sub(r"\1", text) if len(text) > _MID_RUN_MIN_WORD else text)
         terms = [stem(t) if stem is not None else t for seg in segs for t in _segment_tokens(seg) if t not in stop]
         return (terms[0] if terms else "") if len(terms) < 2 else tuple(terms)
 

@@ -140,3 +140,26 @@ def test_plain_ascii_words_skip_the_segmenter_with_the_same_terms():
             ref = [a._stemmer(t) if a._stemmer else t for seg in _SEGMENT.findall(w)
                    for t in _segment_tokens(seg) if t not in a._stopwords]
             assert a.word_terms(w) == tuple(ref), w
+
+
+def test_runs_of_mid_word_punctuation_segment_as_before_and_end():
+    """A hostile word of 300,000 middle dots (the segment regex once scanned such a run from
+    every start inside it: 24 s for 40,000) gives no token, and collapsing long runs of
+    mid-word punctuation changes no word's terms (random words over letters, digits, those
+    marks, Extend/Format/ZWJ characters and emoji, against the plain segmentation)."""
+    import random
+
+    from funnel.pipelines import analysis as A
+
+    an = Analyzer()
+    assert an.analyze("·" * 300_000) == []
+    assert an.analyze("alpha" + "·" * 300_000 + "beta") == ["alpha", "beta"]
+    assert an.analyze("x" + "'’:·" * 50_000 + "y") == ["x", "y"]
+    chars = list("ab1·.:'’,;_-") + ["\u0301", "\u200d", "\u00ad", "\u0387", "é", "😀"]
+    rng = random.Random(7)
+    for _ in range(3000):
+        word = "".join(rng.choice(chars) for _ in range(rng.randint(65, 160)))
+        plain = [an._stem(t) for seg in A._SEGMENT.findall(word) for t in A._segment_tokens(seg)
+                 if t not in an._stopwords]
+        got = an._analyze_word(word)
+        assert (list(got) if isinstance(got, tuple) else [got] if got else []) == plain, repr(word)
