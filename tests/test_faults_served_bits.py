@@ -210,6 +210,28 @@ def test_an_in_process_version_refuses_every_later_query(root):
         assert ix.damage is not None and ix.damage[0] == rel
 
 
+def test_damage_in_the_passage_index_marks_the_version(tmp_path, monkeypatch):
+    """Passage BM25 (``--bm25-passages``) searches a second index inside the version: damage
+    found there is the version's, named by its path under the version folder."""
+    from funnel.jobs.build_index import build
+    monkeypatch.setenv("FUNNEL_CACHE", str(tmp_path / "cache"))
+    corpus = str(tmp_path / "corpus.jsonl")
+    write_corpus(corpus, n_docs=120, seed=3)
+    rep = build(corpus, str(tmp_path / "ix"), shards=1, engine="local", dense=True, bm25_passages=True)
+    vdir = os.path.join(str(tmp_path / "ix"), rep.version)
+    sub = rep.bm25_passages["dir"]  # the passage index's folder in the version
+    with Searcher(str(tmp_path / "ix")) as s:
+        assert s.search(TERM, k=3).hits
+        li, a, _ = _term_place(os.path.join(vdir, sub))
+        overwrite(os.path.join(vdir, sub, SHARD, "docs.npy"), a, -7)
+        rel = f"{sub}/{SHARD}/docs.npy"
+        with pytest.raises(IndexDamaged, match=rel):
+            s.search(TERM, k=3)
+        assert s.status()["state"] == "unavailable" and [d["file"] for d in s.follower.damaged()] == [rel]
+        with pytest.raises(IndexFormatError, match=rel):
+            s.search("apple", k=3)
+
+
 # -- random corruption, every BM25 path, in a process of its own -------------------------------
 
 def test_random_corruption_never_crashes_any_bm25_path(root, tmp_path):
