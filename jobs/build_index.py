@@ -79,10 +79,11 @@ LOCAL_MAX_BYTES = SHARD_TARGET_BYTES
 #: where Ray's parallel shards pay for its start.
 RAY_FIXED_SECONDS = 12.0
 LOCAL_BYTES_PER_SECOND = 6.0e6
-#: Corpus bytes the dense stage embeds per CPU second on a CPU (MiniLM, onnxruntime fp32,
-#: passages of 256 word pieces, ~1,100 bytes of text each), as bench/bench_cpu_embed.py measured
-#: it: the whole cost of a CPU build with --dense, which either engine spreads over every core.
-EMBED_BYTES_PER_CPU_SECOND = 20e3
+#: Corpus bytes the dense stage embeds per CPU second on a CPU, per --embed-runtime: MiniLM's
+#: passages of 256 word pieces (~1,000 bytes of corpus each, overlap included) at the passages
+#: per CPU second bench/bench_cpu_embed.py measured (torch ~15, onnxruntime fp32 ~13, int8 ~26).
+#: Embedding is the whole cost of a CPU build with --dense; either engine spreads it over every core.
+EMBED_BYTES_PER_CPU_SECOND = {"torch": 15e3, "onnx": 13e3, "onnx-int8": 26e3}
 
 
 def corpus_bytes(spec) -> int:
@@ -119,13 +120,16 @@ def choose_shards(requested: int | None, nbytes: int, target: int = SHARD_TARGET
                f"queries faster; a shard's size bounds the build's memory)")
 
 
-def embed_estimate(nbytes: int, cpus: int | None = None) -> str:
-    """``; embedding (--dense) ~42m on 2 CPUs`` for ``nbytes`` of corpus on a CPU
-    (``EMBED_BYTES_PER_CPU_SECOND``), for the engine line of a dense build: the lexical estimate
-    leaves it out, and on a CPU it is most of the build."""
+def embed_estimate(nbytes: int, cpus: int | None = None, runtime: str = "auto") -> str:
+    """``; embedding (--dense, onnx-int8) ~42m more on 2 CPU(s)`` for ``nbytes`` of corpus on a
+    CPU (``EMBED_BYTES_PER_CPU_SECOND``), for the engine line of a dense build: the lexical
+    estimate leaves it out, and on a CPU it is most of the build (a GPU makes it less)."""
+    from funnel.pipelines.embed import CPU_RUNTIME
     from funnel.pipelines.progress import format_duration
+    name = CPU_RUNTIME if runtime == "auto" else runtime
     n = max(1, cpus or os.cpu_count() or 1)
-    return f"; embedding (--dense) ~{format_duration(nbytes / (EMBED_BYTES_PER_CPU_SECOND * n))} more on {n} CPU(s)"
+    secs = nbytes / (EMBED_BYTES_PER_CPU_SECOND[name] * n)
+    return f"; embedding (--dense, {name} on a CPU) ~{format_duration(secs)} more on {n} CPU(s)"
 
 
 def choose_engine(requested: str, nbytes: int, n_shards: int, cpus: int | None = None) -> tuple[str, str]:
@@ -651,7 +655,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         if embed_runtime not in RUNTIME_CHOICES:
             raise ValueError(f"unknown --embed-runtime {embed_runtime!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
         if not (embed_model or "").startswith("openai:"):
-            engine_why += embed_estimate(nbytes, num_cpus)
+            engine_why += embed_estimate(nbytes, num_cpus, embed_runtime)
     engine_info = {"name": engine_name, "requested": engine, "reason": engine_why, "corpus_bytes": nbytes}
     shard_info = {"n": shards, "requested": requested_shards if requested_shards is not None else "auto",
                   "reason": shards_why}

@@ -238,7 +238,7 @@ class VersionSearcher:
                     e = time.perf_counter()
                     self.dense_mode.dense().provider.embed_query("warm-up")  # a query nobody asks: not cached
                     self.warm_embedder_s = time.perf_counter() - e
-                    self.search(words, mode="hybrid", k=10)
+                    self.search(words, mode="hybrid", k=10).to_dict()  # as a front end answers it
         except Exception as e:  # noqa: BLE001 - a warm-up must not stop a server from starting
             log.warning("warm-up query on %s failed (%s: %s); the first request pays for it instead",
                         self.version, type(e).__name__, e)

@@ -158,8 +158,14 @@ def test_builds_record_their_runtime(small_dense):
     from funnel.serving.search import open_index
     got = {}
     for runtime, root in small_dense.items():
-        fp = open_index(root).index.manifest["dense"]["fingerprint"]
+        manifest = open_index(root).index.manifest
+        fp = manifest["dense"]["fingerprint"]
         got[runtime] = (fp["runtime"], fp["precision"])
+        # The engine line estimates the embedding apart (the lexical estimate says it leaves it out).
+        reason = manifest["build"]["engine"]["reason"]
+        assert reason.startswith("set by --engine local; embedding (--dense, ") and "on a CPU" in reason, reason
+    from funnel.jobs.build_index import choose_engine
+    assert "in-process without embedding" in choose_engine("auto", 1 << 20, 1, cpus=2)[1]
     assert got == {"auto": ("onnx", "fp32"), "torch": ("torch", "fp32"), "onnx-int8": ("onnx", "int8")}
 
 
