@@ -176,6 +176,36 @@ def u_shape(passages: list[Passage]) -> list[Passage]:
 # --------------------------------------------------------------------------- public API
 
 
+def pack_ranked(passages: list[Passage], budget_tokens: int,
+                count_tokens: Callable[[str], int] = approx_tokens,
+                min_truncated_tokens: int = MIN_TRUNCATED_TOKENS) -> list[Passage]:
+    """:func:`pack_context` for passages already in priority order (best first): each is taken
+    while the merged selection stays within ``budget_tokens``, the first that does not fit is
+    cut to what is left and packing stops. Unlike :func:`pack_context`, which merges first and
+    cuts a merged span from its start, a passage is never lost behind the neighbours it merges
+    with."""
+    if budget_tokens < 0:
+        raise ValueError(f"budget_tokens must be >= 0, got {budget_tokens}")
+    chosen: list[Passage] = []
+    used = 0
+    for p in passages:
+        trial = merge_passages(chosen + [p])
+        cost = sum(count_tokens(x.text) for x in trial)
+        if cost <= budget_tokens:
+            chosen.append(p)
+            used = cost
+            continue
+        left = budget_tokens - used
+        if left >= min_truncated_tokens:
+            text = truncate_to_budget(p.text, left, count_tokens).rstrip()
+            if text and count_tokens(text) >= min_truncated_tokens:
+                cut = replace(p, end=p.start + len(text), text=text)
+                if sum(count_tokens(x.text) for x in merge_passages(chosen + [cut])) <= budget_tokens:
+                    chosen.append(cut)
+        break
+    return pack_context(chosen, budget_tokens, count_tokens, min_truncated_tokens=min_truncated_tokens)
+
+
 def pack_context(passages: list[Passage], budget_tokens: int,
                  count_tokens: Callable[[str], int] = approx_tokens,
                  merge_gap: int = MERGE_GAP, min_truncated_tokens: int = MIN_TRUNCATED_TOKENS,

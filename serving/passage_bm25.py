@@ -238,17 +238,21 @@ class PassageBM25:
 
     def _best(self, terms: dict[str, float], n: int, params: BM25Params) -> tuple[int, float, dict] | None:
         """(passage position, score, its explanation) of document ``n``'s best passage (the
-        first on ties), None where no passage matches."""
-        best = None
+        first on ties), None where no passage matches: every passage scored at once
+        (``passage_rank.bm25_of_docnos``), the best one explained."""
+        from .passage_rank import bm25_of_docnos
+        pdn = self.passage_docnos(n)
+        if len(pdn) == 0:
+            return None
+        sc = bm25_of_docnos(self.inner, terms, pdn, params)
+        j = int(np.argmax(sc))
+        if sc[j] <= 0:
+            return None
         with filters.scope(self._passage_mask()):
-            for p in self._passages_of(n).tolist():
-                ex = self.inner.explain(terms, self._pdocno(p), params)
-                if not ex:
-                    continue
-                sc = sum(v["contribution"] for v in ex.values())
-                if best is None or sc > best[1]:
-                    best = (p, sc, ex)
-        return best
+            ex = self.inner.explain(terms, int(pdn[j]), params)
+        if not ex:
+            return None
+        return int(self._passages_of(n)[j]), sum(v["contribution"] for v in ex.values()), ex
 
     def passage_docnos(self, n: int) -> np.ndarray:
         """Docnos, in the passage index, of document ``n``'s passages in ordinal order (for

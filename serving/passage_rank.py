@@ -30,12 +30,13 @@ the first, and a strong document is not drowned by a lucky passage of a weak one
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import regex
 
 from .fusion import RRF_K, convex_arrays, ranks_of, rrf_arrays
 
@@ -71,6 +72,7 @@ class PassageRanking:
     terms: dict[str, float]      # term -> w·idf (what a matched word of it is worth)
     analyze: Callable[[str], list[str]]
     _positions: dict = field(default_factory=dict, repr=False)
+    _pattern: object = field(default=None, repr=False)
 
     def by_docno(self) -> dict[int, DocPassages]:
         return {d.docno: d for d in self.docs}
@@ -104,7 +106,9 @@ class PassageRanking:
         key = (i, a, b)
         got = self._positions.get(key)
         if got is None:
-            starts, cols, names = term_positions(self.docs[i].text[a:b], self.terms, self.analyze)
+            if self._pattern is None:
+                self._pattern = candidate_words(self.terms)
+            starts, cols, names = term_positions(self.docs[i].text[a:b], self.terms, self.analyze, self._pattern)
             w = np.asarray([self.terms[t] for t in names], dtype=np.float64)
             got = self._positions[key] = (starts + a, cols, w)
         return got
@@ -113,21 +117,29 @@ class PassageRanking:
 # --------------------------------------------------------------------------- kernels
 
 
-def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]]
-                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
-    ``terms`` (analyzed index terms), a word counting once per term it yields.
+def candidate_words(terms) -> "re.Pattern | None":
+    """A pattern of the words that may analyze to one of ``terms``: those that begin with the
+    first two letters of some term (the stemmer changes a word's end, never its first two
+    letters), so a long document is not analyzed word by word. None for no terms."""
+    prefixes = tuple(sorted({t[:2] for t in terms}))
+    return _prefix_pattern(prefixes) if prefixes else None
 
-    Only words that begin with the first two letters of some term are analyzed: the stemmer
-    changes a word's end, never its first two letters, so no match is missed (and a long
-    document is not analyzed word by word)."""
+
+@functools.lru_cache(maxsize=1024)
+def _prefix_pattern(prefixes: tuple[str, ...]) -> "re.Pattern":
+    return re.compile(r"\b(?:" + "|".join(re.escape(p) for p in prefixes) + r")\w*", re.IGNORECASE)
+
+
+def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]],
+                   pattern=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
+    ``terms`` (analyzed index terms), a word counting once per term it yields. Only the
+    `candidate_words` are analyzed (``pattern``: that of ``terms``, when the caller has it)."""
     names = sorted(terms)
     if not names or not text:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), names
     cols = {t: j for j, t in enumerate(names)}
-    prefixes = sorted({t[:2] for t in names})
-    pattern = regex.compile(r"\b(?:" + "|".join(regex.escape(p) for p in prefixes) + r")\w*",
-                            regex.IGNORECASE | regex.UNICODE)
+    pattern = pattern or candidate_words(names)
     seen: dict[str, list[int]] = {}
     starts, hit_cols = [], []
     for m in pattern.finditer(text):
@@ -141,11 +153,11 @@ def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Calla
     return np.asarray(starts, dtype=np.int64), np.asarray(hit_cols, dtype=np.int64), names
 
 
-def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Callable[[str], list[str]]
-            ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Callable[[str], list[str]],
+            pattern=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(tf ``(m, t)`` of each term in each passage, dl ``(m,)`` in whitespace words, term names).
     A word counts for every passage its start falls in (an overlap's words count twice)."""
-    starts, cols, names = term_positions(text, terms, analyze)
+    starts, cols, names = term_positions(text, terms, analyze, pattern)
     m = len(spans)
     tf = np.zeros((m, len(names)))
     if len(starts):
@@ -249,6 +261,7 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
     out: list[DocPassages] = []
     tfs: list[tuple[np.ndarray, np.ndarray] | None] = []
     names = sorted(terms)
+    pattern = candidate_words(names)
     for n, rank, doc in docs:
         text = doc["text"] or ""
         spans = np.asarray(searcher.passage_spans(n, text), dtype=np.int64).reshape(-1, 2)
@@ -267,7 +280,7 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
         else:
             lexical = None
         if lexical is None:
-            tf, dl, _ = text_tf(text, spans, terms, searcher.index.analyzer.analyze)
+            tf, dl, _ = text_tf(text, spans, terms, searcher.index.analyzer.analyze, pattern)
             tfs.append((tf, dl))
             lexical = np.zeros(len(spans))
         else:
@@ -287,20 +300,43 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
     fuse(out, cfg.fusion, cfg.alpha, cfg.rrf_k)
     lexical_name = "bm25" if passage_bm25 is not None and all(t is None for t in tfs) else "terms"
     signals = (("dense",) if any(d.dense is not None for d in out) else ()) + (lexical_name,)
-    return PassageRanking(out, signals, cfg.fusion, worth, searcher.index.analyzer.analyze)
+    return PassageRanking(out, signals, cfg.fusion, worth, searcher.index.analyzer.analyze, _pattern=pattern)
 
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+_PARAGRAPH = re.compile(r"\n[ \t\f]*\n")
+_SENTENCE_OR_LINE = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
 
 
-def units(text: str, a: int, b: int) -> list[tuple[int, int]]:
-    """``text[a:b]`` as sentences and lines: ``(start, end)`` offsets, whitespace trimmed."""
+#: How far a passage's range is widened to the sentences it cuts, at most, in characters.
+SENTENCE_REACH = 400
+
+
+def sentence_bounds(text: str, a: int, b: int, reach: int = SENTENCE_REACH) -> tuple[int, int]:
+    """``[a, b)`` widened to the start of the sentence (or line) ``a`` falls in and the end of
+    the one ``b`` falls in, each by at most ``reach`` characters (a passage window starts and
+    ends mid-sentence; a quote should not)."""
+    lo = max(0, a - reach)
+    ends = [m.end() for m in _SENTENCE_OR_LINE.finditer(text, lo, a)]
+    a2 = ends[-1] if ends else (0 if lo == 0 else a)
+    while a2 < a and text[a2].isspace():
+        a2 += 1
+    if 0 < b < len(text):
+        m = _SENTENCE_OR_LINE.search(text, b - 1, min(len(text), b + reach))
+        b = max(b, m.end()) if m else b
+    return a2, b
+
+
+def units(text: str, a: int, b: int) -> list[tuple[int, int, int]]:
+    """``text[a:b]`` as sentences and lines: ``(start, end, paragraph)``, whitespace trimmed;
+    ``paragraph`` counts the blank lines (or form feeds) before the unit within the range."""
     cuts = {a, b}
     piece = text[a:b]
     for m in _SENTENCE_END.finditer(piece):
         cuts.add(a + m.end())
     for m in re.finditer(r"\n", piece):
         cuts.add(a + m.start())
+    breaks = [a + m.start() for m in _PARAGRAPH.finditer(piece)]
     edges = sorted(cuts)
     out = []
     for x, y in zip(edges, edges[1:]):
@@ -308,5 +344,5 @@ def units(text: str, a: int, b: int) -> list[tuple[int, int]]:
         lead = len(seg) - len(seg.lstrip())
         trail = len(seg) - len(seg.rstrip())
         if y - trail > x + lead:
-            out.append((x + lead, y - trail))
+            out.append((x + lead, y - trail, bisect.bisect_right(breaks, x + lead)))
     return out

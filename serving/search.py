@@ -83,12 +83,16 @@ def _empty_scope_note(scope: dict, note: str, searchable: bool) -> str:
 
 
 def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], max_chars: int = 300) -> str:
-    """The sentence with the most matched terms (first one on ties), cut to ``max_chars``."""
+    """The sentence with the most matched terms (first one on ties), cut to ``max_chars``.
+    Only a sentence's words that may analyze to a matched term are analyzed
+    (``passage_rank.candidate_words``)."""
     if not text:
         return ""
+    from .passage_rank import candidate_words
+    pattern = candidate_words(matched) if matched else None
     best, best_n = None, -1
     for sent in _SENTENCE.split(text)[:200]:
-        n = len(matched.intersection(analyze(sent))) if matched else 0
+        n = len(matched.intersection(t for w in pattern.findall(sent) for t in analyze(w))) if pattern else 0
         if n > best_n:
             best, best_n = sent, n
     best = best or text
@@ -610,7 +614,7 @@ class VersionSearcher:
         """The hits' passages taken by priority across documents (``passage_rank``: several of
         one document where they rank so), merged where they overlap, fitted to ``budget``
         tokens, U-shaped (context.py)."""
-        from .context import Passage, pack_context
+        from .context import Passage, pack_ranked
         if ranking is None:  # a search without explanations: rank them now
             ranking = self.rank_passages(query, mode, trace, [(h.docno, h.rank, {"text": texts[h.docno]})
                                                               for h in hits]) if hits else None
@@ -622,7 +626,7 @@ class VersionSearcher:
                 a, b = (int(x) for x in d.spans[j])
                 passages.append(Passage(ids[d.docno], a, b, d.text[a:b], priority))
         return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
-                for p in pack_context(passages, budget)]
+                for p in pack_ranked(passages, budget)]
 
     def _bm25_params(self, options: dict) -> BM25Params:
         d = self.index.manifest.get("bm25", {})

@@ -213,6 +213,31 @@ def test_sira_and_hybrid_use_the_passage_list(built):
         assert lexical and all(h.explain["fusion"]["ranks"]["bm25"] == ranks[h.doc_id] for h in lexical), qid
 
 
+def test_sira_judges_and_feeds_back_in_passages(built):
+    """Where BM25 scores passages, SIRA's DF filter counts passages (N and df over the passage
+    index) and its feedback reads each feedback document's best passage, not all of it."""
+    tmp, rows, rep, vdir, ref = built
+    ix = open_index(str(tmp / "ix"))
+    pix = ix.bm25.passages
+    for q in _queries(rows)[:3]:
+        tr = ix.search(q, mode="sira", k=5, proposer="prf").trace["sira"]
+        assert tr["df_over"] == "passages" and tr["tau_n"] == pytest.approx(tr["tau"] * pix.n_docs)
+        kept = [p for p in tr["proposals"] if p["kept"]]
+        for p in tr["proposals"]:  # every verdict's df is a passage df
+            for key, df in p["df"].items():
+                g = pix.vocab.get(key)
+                assert df == (0 if g is None else int(pix.df[g])), (p, key)
+        # the feedback units are the best passages of the top documents: every kept term occurs
+        # in one of those passages
+        from funnel.serving.sira.space import best_passages
+        docnos, _ = ix.bm25.search_arrays(dict(ix.bm25.query_terms(q)), ix.sira_config.fb_docs)
+        units = best_passages(ix, docnos, dict(ix.bm25.query_terms(q)), ix._bm25_params({}))
+        words = set()
+        for u in units[units >= 0].tolist():
+            words |= set(pix.analyzer.analyze(pix.docs.get(u)["text"] or ""))
+        assert all(p["phrase"] in words for p in kept), q
+
+
 # -- filters and ACLs ------------------------------------------------------------------------
 
 

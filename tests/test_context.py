@@ -9,6 +9,7 @@ from funnel.serving.context import (
     approx_tokens,
     merge_passages,
     pack_context,
+    pack_ranked,
     truncate_to_budget,
     u_shape,
 )
@@ -106,3 +107,21 @@ def test_budget_is_never_exceeded(raw, budget):
         assert out[0].score == ranked[0].score and out[-1].score == ranked[1].score
         middle = [p.score for p in out[1:-1]]
         assert middle == sorted(middle, reverse=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), words, st.floats(0, 1, allow_nan=False)), min_size=1, max_size=10),
+       st.integers(0, 300))
+def test_pack_ranked_keeps_the_best_passage_whole_and_the_budget(raw, budget):
+    """Overlapping passages of one document in priority order: the first is never lost behind
+    the neighbours it merges with, and the packed text stays within the budget."""
+    doc = " ".join(f"w{i}." for i in range(700))
+    ps = []
+    for start, ws, score in raw:
+        end = min(len(doc), start + 10 * len(ws))
+        ps.append(Passage("d", start, end, doc[start:end], score))
+    out = pack_ranked(ps, budget)
+    assert sum(approx_tokens(p.text) for p in out) <= budget
+    first = ps[0]
+    if approx_tokens(first.text) <= budget:
+        assert any(p.start <= first.start and first.end <= p.end for p in out)

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import filters
 from ..errors import ModeUnavailable, SearchError
 from .dffilter import MAX_N_RANGE, Verdict, df_filter
 from .proposers import PROPOSERS, Proposal, ProposalContext
+from .space import Space, space
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,13 @@ def resolve_proposer(cfg: SiraConfig, dense_available: bool, chat_available: boo
     return p, [p], note
 
 
-def filter_proposals(proposals: list[Proposal], query_terms, index, cfg: SiraConfig) -> list[Verdict]:
-    """The DF filter's verdict on each proposal, against the index's term statistics."""
+def filter_proposals(proposals: list[Proposal], query_terms, sp: Space, cfg: SiraConfig) -> list[Verdict]:
+    """The DF filter's verdict on each proposal, against the term statistics of the search's
+    lexical space (``space``: documents, or passages where BM25 scores passages)."""
+    index = sp.index
     vocab, df, analyze = index.vocab, index.df, index.analyzer.analyze
     qset = set(query_terms)
-    mask = filters.active()  # a filtered search: df and N over the allowed documents only
+    mask = sp.mask  # a filtered search: df and N over the allowed documents (passages) only
 
     def df_of(key: str) -> int:
         g = vocab.get(key)
@@ -270,7 +272,7 @@ def expand(searcher, query: str, prep: Prepared) -> Expansion:
     proposals, proposer, note, llm_error, ptimes = _propose(searcher, query, qterms, prep)
     t_prop = _ms(t0)
     t = time.perf_counter()
-    verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
+    verdicts = filter_proposals(proposals, qterms, space(searcher), prep.config)
     exp = expansion_terms(proposals, verdicts)
     lam = prep.config.lambda_for(proposer)
     first, then = split_weights(qterms, exp, lam)
@@ -285,7 +287,7 @@ def expand_weights(searcher, query: str, prep: Prepared) -> tuple[dict[str, floa
     path's per-query step (~5 µs a query less)."""
     qterms = dict(searcher.bm25.query_terms(query))
     proposals, proposer, *_ = _propose(searcher, query, qterms, prep)
-    verdicts = filter_proposals(proposals, qterms, searcher.index, prep.config)
+    verdicts = filter_proposals(proposals, qterms, space(searcher), prep.config)
     return split_weights(qterms, expansion_terms(proposals, verdicts), prep.config.lambda_for(proposer))
 
 
@@ -305,7 +307,8 @@ def run_sira(searcher, query: str, k: int, options: dict):
     cfg, params, qterms, exp, lam = prep.config, prep.params, x.query_terms, x.terms, x.lam
     trace = {"sira": {
         "proposer": x.proposer, "requested": cfg.proposer, "sources": list(prep.sources), "lambda": lam,
-        "tau": cfg.tau, "tau_n": cfg.tau * (searcher.index.n_docs if filters.active() is None else filters.active().count), "max_n": cfg.max_n, "fb_docs": cfg.fb_docs,
+        "tau": cfg.tau, "tau_n": cfg.tau * space(searcher).n, "df_over": "passages" if space(searcher).passages
+        else "documents", "max_n": cfg.max_n, "fb_docs": cfg.fb_docs,
         "fb_terms": cfg.fb_terms, "k1": params.k1, "b": params.b, "length_norm": params.length_norm,
         "note": x.note, "query_terms": qterms,
         "proposals": [{"phrase": p.phrase, "source": p.source, "weight": p.weight, "evidence": p.evidence,

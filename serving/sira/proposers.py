@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import filters
 from .feedback import rm3_from_rows, select_terms
+from .space import best_passages, space
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,11 @@ class ProposalContext:
 
 def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: bool,
               rows: tuple | None = None) -> list[Proposal]:
-    """RM3 terms of the feedback units: the documents' forward-index rows, or ``rows``
+    """RM3 terms of the feedback units: the units' forward-index rows in the search's lexical
+    space (``space``: documents, or passages of an index with passage BM25), or ``rows``
     (term ids, tfs, owner, lengths: see `passage_rows`)."""
-    ix, fwd, cfg = ctx.searcher.index, ctx.searcher.forward, ctx.config
+    sp = space(ctx.searcher)
+    ix, fwd, cfg = sp.index, sp.forward, ctx.config
     if len(docnos) == 0:
         return []
     if rows is None:
@@ -72,7 +74,7 @@ def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: b
         uniq, weights, ndocs = rm3_from_rows(g, tf * scale[owner])
     if len(uniq) == 0:
         return []
-    mask = filters.active()  # a filtered search: DF evidence from the allowed documents only
+    mask = sp.mask  # a filtered search: DF evidence from the allowed documents (passages) only
     if mask is None:
         eligible = (ix.df[uniq] <= cfg.tau * ix.n_docs) & ~fwd.short[uniq]
     else:  # a term's df among them is at most its global df: count only where that decides
@@ -93,8 +95,13 @@ def _feedback(ctx: ProposalContext, source: str, docnos, doc_weights, use_idf: b
 
 
 def propose_prf(ctx: ProposalContext) -> list[Proposal]:
-    """RM3 terms of the top ``fb_docs`` BM25 documents (weights: their BM25 scores)."""
+    """RM3 terms of the top ``fb_docs`` BM25 documents (weights: their BM25 scores); with
+    passage BM25, of each one's best passage (``space``)."""
     docnos, scores = ctx.searcher.bm25.search_arrays(ctx.query_terms, ctx.config.fb_docs, ctx.params)
+    if space(ctx.searcher).passages:
+        units = best_passages(ctx.searcher, docnos, ctx.query_terms, ctx.params)
+        keep = units >= 0
+        return _feedback(ctx, "prf", units[keep], np.asarray(scores)[keep], use_idf=False)
     return _feedback(ctx, "prf", docnos, scores, use_idf=False)
 
 
@@ -105,8 +112,25 @@ def propose_dense(ctx: ProposalContext) -> list[Proposal]:
     hits = ctx.searcher.dense_mode.search(ctx.query, ctx.config.fb_docs, ctx.nprobe)
     ctx.timings["dense"] = round((time.perf_counter() - t) * 1000, 3)
     docnos = [h.docno for h in hits]
+    if space(ctx.searcher).passages:  # each document's best dense passage, as the passage index has it
+        units = dense_best_units(ctx.searcher, ctx.query, docnos)
+        keep = units >= 0
+        return _feedback(ctx, "dense", units[keep], np.asarray([h.score for h in hits])[keep], use_idf=True)
     return _feedback(ctx, "dense", docnos, [h.score for h in hits], use_idf=True,
                      rows=passage_rows(ctx.searcher, ctx.query, docnos))
+
+
+def dense_best_units(searcher, query: str, docnos) -> np.ndarray:
+    """The passage-index docno of each document's best dense passage (-1 where it has none)."""
+    stored, bm = searcher.dense_mode.passages(), searcher.bm25
+    qv = searcher.dense_mode.dense().embed_query(query)
+    out = np.full(len(docnos), -1, dtype=np.int64)
+    for i, n in enumerate(docnos):
+        best = stored.best(qv, n) if stored is not None else None
+        pdn = bm.passage_docnos(n)
+        if best is not None and best["ordinal"] < len(pdn):
+            out[i] = pdn[best["ordinal"]]
+    return out
 
 
 def passage_feedback(searcher) -> bool:
