@@ -117,12 +117,21 @@ class PassageRanking:
 # --------------------------------------------------------------------------- kernels
 
 
+def prefixes(terms) -> tuple[str, ...]:
+    """What a word must contain to analyze to one of ``terms``: each term's first three
+    characters (two for a term of three or fewer). The stemmer changes a word's end, not its
+    first three characters once the stem has four or more (checked over every word of
+    SciFact, NFCorpus and the package READMEs: the exceptions are a two-letter stem, "eyed"
+    -> "ei"); a run of ideographs is one word but several terms, so the prefix is looked for
+    anywhere in a word."""
+    return tuple(sorted({t[:3] if len(t) >= 4 else t[:2] for t in terms if t}))
+
+
 def candidate_words(terms) -> "re.Pattern | None":
-    """A pattern of the words that may analyze to one of ``terms``: those that begin with the
-    first two letters of some term (the stemmer changes a word's end, never its first two
-    letters), so a long document is not analyzed word by word. None for no terms."""
-    prefixes = tuple(sorted({t[:2] for t in terms}))
-    return _prefix_pattern(prefixes) if prefixes else None
+    """A pattern of the words that begin with one of :func:`prefixes` (case-insensitive), for
+    short texts (a snippet's sentences); None for no terms."""
+    got = prefixes(terms)
+    return _prefix_pattern(got) if got else None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -130,25 +139,57 @@ def _prefix_pattern(prefixes: tuple[str, ...]) -> "re.Pattern":
     return re.compile(r"\b(?:" + "|".join(re.escape(p) for p in prefixes) + r")\w*", re.IGNORECASE)
 
 
+_WORD = re.compile(r"\w+")
+
+
+def _candidates(text: str, terms, pattern=None) -> list[tuple[int, str]]:
+    """(start, word) of each word of ``text`` that holds one of :func:`prefixes`, in order:
+    found with ``str.find`` in the lower-cased text (a few hundred thousand characters a
+    millisecond), or with ``pattern`` where lower-casing changes the text's length."""
+    low = text.lower()
+    if len(low) != len(text):
+        pattern = pattern or candidate_words(terms)
+        return [(m.start(), m.group()) for m in pattern.finditer(text)] if pattern else []
+    starts = set()
+    for p in prefixes(terms):
+        i = low.find(p)
+        while i >= 0:
+            s = i
+            while s > 0 and (low[s - 1].isalnum() or low[s - 1] == "_"):
+                s -= 1
+            starts.add(s)
+            i = low.find(p, i + 1)
+    out = []
+    for s in sorted(starts):
+        m = _WORD.match(text, s)
+        if m:
+            out.append((s, m.group()))
+    return out
+
+
+def candidate_words_of(text: str, terms) -> list[str]:
+    """The words of ``text`` that may analyze to one of ``terms`` (:func:`prefixes`)."""
+    return [w for _, w in _candidates(text, terms)]
+
+
 def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]],
                    pattern=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
-    ``terms`` (analyzed index terms), a word counting once per term it yields. Only the
-    `candidate_words` are analyzed (``pattern``: that of ``terms``, when the caller has it)."""
+    ``terms`` (analyzed index terms), a word counting once per term it yields. Only the words
+    that hold a term's :func:`prefixes` are analyzed, so a long document is not analyzed word
+    by word."""
     names = sorted(terms)
     if not names or not text:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), names
     cols = {t: j for j, t in enumerate(names)}
-    pattern = pattern or candidate_words(names)
     seen: dict[str, list[int]] = {}
     starts, hit_cols = [], []
-    for m in pattern.finditer(text):
-        w = m.group()
+    for start, w in _candidates(text, names, pattern):
         got = seen.get(w)
         if got is None:
             got = seen[w] = [cols[t] for t in dict.fromkeys(analyze(w)) if t in cols]
         for c in got:
-            starts.append(m.start())
+            starts.append(start)
             hit_cols.append(c)
     return np.asarray(starts, dtype=np.int64), np.asarray(hit_cols, dtype=np.int64), names
 

@@ -85,14 +85,13 @@ def _empty_scope_note(scope: dict, note: str, searchable: bool) -> str:
 def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], max_chars: int = 300) -> str:
     """The sentence with the most matched terms (first one on ties), cut to ``max_chars``.
     Only a sentence's words that may analyze to a matched term are analyzed
-    (``passage_rank.candidate_words``)."""
+    (``passage_rank.candidate_words_of``)."""
     if not text:
         return ""
-    from .passage_rank import candidate_words
-    pattern = candidate_words(matched) if matched else None
+    from .passage_rank import candidate_words_of
     best, best_n = None, -1
     for sent in _SENTENCE.split(text)[:200]:
-        n = len(matched.intersection(t for w in pattern.findall(sent) for t in analyze(w))) if pattern else 0
+        n = len(matched.intersection(t for w in candidate_words_of(sent, matched) for t in analyze(w))) if matched else 0
         if n > best_n:
             best, best_n = sent, n
     best = best or text
