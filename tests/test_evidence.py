@@ -217,3 +217,24 @@ def test_a_filter_that_matches_nothing_says_so_in_counts_the_caller_may_see(acl)
     res = ix.search("zephyrine", mode="bm25", filter={"cat": "memo"}, principal=BOB)
     assert res.hits == () and f"None of the {len(memo):,} documents the filter allows (of {bob_sees:,} you may " \
                                "read) matches the query" in res.summary
+
+
+_vocab = ["Running", "runner's", "RUNS", "eyes", "Connection", "connected", "pool_size", "p53", "TP53", "简体中文",
+          "über", "İstanbul", "x", "a", "hypoxia-inducible", "1α", "ﬁle", "C++", "e.g.", "\n", "\n\n", ".", ","]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(_vocab), max_size=60), st.lists(st.sampled_from(_vocab), min_size=1, max_size=4))
+def test_term_positions_find_every_word_that_analyzes_to_a_query_term(words, query):
+    """Only words holding a term's first letters are analyzed: the same positions as analyzing
+    every word (the Lucene analyzer's own output is the oracle)."""
+    from funnel.pipelines.analysis import Analyzer
+    from funnel.serving.passage_rank import term_positions
+    analyze = Analyzer().analyze
+    text = " ".join(words)
+    terms = {t: 1.0 for w in query for t in analyze(w)}
+    names = sorted(terms)
+    want = [(m.start(), names.index(t)) for m in re.finditer(r"\w+", text)
+            for t in dict.fromkeys(analyze(m.group())) if t in terms]
+    starts, cols, got_names = term_positions(text, terms, analyze)
+    assert got_names == names and list(zip(starts.tolist(), cols.tolist())) == want
