@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .embed import (DocumentTokenizer, _l2_normalize, _ProviderBase, canonical_model_name, default_query_threads,
-                    length_buckets, resolve_model)
+                    resolve_model)
 
 log = logging.getLogger(__name__)
 
@@ -387,11 +387,13 @@ class OnnxEncoder:
         another count per call. A session per count is made on first use, so a process that
         only embeds queries holds one copy of the weights.
 
-    int8 runs one text per call: dynamic quantization scales each activation tensor by its own
-    range, so in a batch a text's vector would depend on the texts (and padding) beside it
-    (cosine 0.990 between two batchings of the same SciFact abstracts), and a document's vector
-    would differ from the same text's as a query. One at a time it is the same wherever it is
-    embedded, at about the same speed for passages of 256 word pieces.
+    Texts run one per call, never batched. On a CPU that is the faster way: a batch's
+    activations (64 passages of 256 word pieces: ~100 MB in the feed-forward layers) leave the
+    caches, and fp32 ran 7-10 passages per CPU second at 64 a call against 15-18 at one. For
+    int8 it is also the correct way: dynamic quantization scales each activation tensor by its
+    own range, so in a batch a text's vector would depend on the texts (and padding) beside it
+    (cosine 0.990 between two batchings of the same SciFact abstracts) and a document's vector
+    would differ from the same text's as a query.
     """
 
     def __init__(self, directory: str, precision: str, threads: int, meta: dict | None = None):
@@ -403,25 +405,21 @@ class OnnxEncoder:
         self.tokenize = DocumentTokenizer(self.tokenizer_json, self.meta["max_length"], self.meta["truncation_side"],
                                           self.meta["pad_id"])
         self.modes = list(self.meta["pooling"])
-        self.per_text = precision == "int8"
 
-    def run(self, ids: np.ndarray, lengths: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
+    def run(self, ids: np.ndarray, lengths: np.ndarray, threads: int | None = None) -> np.ndarray:
         """Token ids ``(n, max_length)`` and lengths -> ``(n, dim)`` pooled vectors, in input
-        order; each `length_buckets` batch is cut to its longest row."""
+        order, one text per onnxruntime call (see the class docstring)."""
         session = _session(self.path, self.threads if threads is None else threads)
-        batch_size = 1 if self.per_text else batch_size
         lengths = np.asarray(lengths, dtype=np.int64)
         out = np.zeros((len(lengths), int(self.meta["dim"])), dtype=np.float32)
-        for rows in length_buckets(lengths, batch_size):
-            width = max(1, int(lengths[rows].max()))
-            x = np.ascontiguousarray(ids[rows, :width], dtype=np.int64)
-            mask = (np.arange(width) < lengths[rows, None]).astype(np.int64)
-            h = session.run(None, {"input_ids": x, "attention_mask": mask})[0]
-            out[rows] = pool(h, lengths[rows], self.modes)
+        for i, n in enumerate(lengths.tolist()):
+            x = np.ascontiguousarray(ids[i:i + 1, :max(1, n)], dtype=np.int64)
+            h = session.run(None, {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
+            out[i] = pool(h, lengths[i:i + 1], self.modes)[0]
         return out
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64, threads: int | None = None) -> np.ndarray:
-        return self.run(*self.tokenize(list(texts)), batch_size=batch_size, threads=threads)
+    def encode(self, texts: Sequence[str], threads: int | None = None) -> np.ndarray:
+        return self.run(*self.tokenize(list(texts)), threads=threads)
 
 
 class OnnxProvider(_ProviderBase):
@@ -479,7 +477,7 @@ class OnnxProvider(_ProviderBase):
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return self._finish(self._docs.encode(texts, self.batch_size))
+        return self._finish(self._docs.encode(texts))
 
     def embed_query(self, text: str) -> np.ndarray:
         """One query -> ``(dim,)`` float32, on ``query_threads`` onnxruntime threads (a session
@@ -490,7 +488,7 @@ class OnnxProvider(_ProviderBase):
         """Token ids from `DocumentTokenizer` -> ``(n, dim)`` vectors."""
         if len(lengths) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return self._finish(self._docs.run(ids, lengths, self.batch_size))
+        return self._finish(self._docs.run(ids, lengths))
 
     def tokenizer_spec(self) -> dict:
         """`DocumentTokenizer`'s arguments (the export's tokenizer)."""
