@@ -402,6 +402,12 @@ def render(res: dict) -> str:
             lines.append(f"| {name} | {start:.1f} | {warm} | {first * 1000:.0f} | {p50 * 1000:.0f} "
                          f"| {first / p50:.2f}x |")
         lines.append("")
+    lines += ["Each part interleaves its own baseline and candidates; the parts ran at different times of a "
+              "shared 2-core machine (load 3 to 30), so compare within a table, not across tables. An fp32 "
+              "index's NDCG is read from the torch index queried through onnxruntime fp32 (the serving path) "
+              "plus the cosine of the document side above, not from a separate fp32 build (--fp32-builds "
+              "makes one). int8 runs one text per onnxruntime call (its dynamic quantization would otherwise "
+              "tie a vector to its batch), as do fp32 runs (faster on this CPU than batches of 64)."]
     return "\n".join(lines).rstrip() + "\n\nCommand: `.venv/bin/python bench/bench_cpu_embed.py --write` (2-core " \
                                        "shared machine, load varying)."
 

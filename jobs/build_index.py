@@ -81,9 +81,9 @@ RAY_FIXED_SECONDS = 12.0
 LOCAL_BYTES_PER_SECOND = 6.0e6
 #: Corpus bytes the dense stage embeds per CPU second on a CPU, per --embed-runtime: MiniLM's
 #: passages of 256 word pieces (~1,000 bytes of corpus each, overlap included) at the passages
-#: per CPU second bench/bench_cpu_embed.py measured (torch ~15, onnxruntime fp32 ~13, int8 ~26).
+#: per CPU second bench/bench_cpu_embed.py measured (torch ~16, onnxruntime fp32 ~18, int8 ~38).
 #: Embedding is the whole cost of a CPU build with --dense; either engine spreads it over every core.
-EMBED_BYTES_PER_CPU_SECOND = {"torch": 15e3, "onnx": 13e3, "onnx-int8": 26e3}
+EMBED_BYTES_PER_CPU_SECOND = {"torch": 16e3, "onnx": 18e3, "onnx-int8": 38e3}
 
 
 def corpus_bytes(spec) -> int:
@@ -907,9 +907,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
     from funnel.pipelines.embed import RUNTIME_CHOICES
     p.add_argument("--embed-runtime", choices=tuple(RUNTIME_CHOICES), default="auto",
-                   help="where a local embedding model runs: auto is torch on a GPU and onnxruntime fp32 on a CPU "
-                        "(the same vectors as torch's, no torch at query time); onnx-int8 is a faster, slightly "
-                        "different embedder whose index is queried with int8 too")
+                   help="where a local embedding model runs: auto is torch on a GPU and onnxruntime int8 on a CPU "
+                        "(faster than torch there; its index is queried with int8); onnx is onnxruntime fp32, the "
+                        "same vectors as torch's; queries need no torch either way")
     p.add_argument("--passages", choices=("on", "off"), default="on",
                    help="on: split documents into passages of the embedder's window, one vector each, a "
                         "document scored by its best passage; off: one vector per document (its first window)")

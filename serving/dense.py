@@ -106,9 +106,10 @@ def check_fingerprint(index_fp: dict, provider_fp: dict) -> None:
         raise ValueError(
             f"index vectors were embedded with runtime {runtime_name(index_fp)} ({index_fp.get('precision', 'fp32')}), "
             f"queries would be embedded with {runtime_name(provider_fp)} ({provider_fp.get('precision', 'fp32')}): "
-            "int8 and float vectors are different embedders; query with the index's runtime "
-            f"(make_provider runtime='onnx', precision='{index_fp.get('precision', 'fp32')}'; install onnxruntime "
-            "and onnx if it fell back to torch) or rebuild with --embed-runtime onnx")
+            "int8 and float vectors are different embedders. Query with the index's runtime (make_provider "
+            f"runtime='{index_fp.get('runtime', 'torch')}', precision='{index_fp.get('precision', 'fp32')}'; where "
+            "torch took over from onnxruntime, install onnxruntime and onnx), or rebuild the index with the "
+            "runtime you query with (funnel build --embed-runtime)")
     if not differs:
         if index_fp.get("kind") != provider_fp.get("kind"):
             log.info("dense index built with %s provider, queried with %s (same model and settings)",

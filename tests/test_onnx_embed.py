@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from funnel.pipelines.embed import (EmbeddingCache, SentenceTransformerProvider, fingerprint_key, make_provider,
-                                    resolve_model)
+from funnel.pipelines.embed import (CPU_RUNTIME, EmbeddingCache, SentenceTransformerProvider, fingerprint_key,
+                                    make_provider, resolve_model)
 from funnel.pipelines.onnx_embed import OnnxProvider, pool
 from funnel.serving.dense import check_fingerprint, query_spec
 
@@ -144,6 +144,10 @@ def test_a_model_onnx_cannot_run_falls_back_to_torch_once(tmp_path, caplog, monk
     assert v.shape == (384,) and abs(float(np.linalg.norm(v)) - 1) < 1e-5
 
 
+#: The small_dense index built with int8 (by default where int8 is the CPU default).
+INT8 = "auto" if CPU_RUNTIME == "onnx-int8" else "onnx-int8"
+
+
 @pytest.fixture(scope="module")
 def small_dense(tmp_path_factory):
     from funnel.jobs.build_index import build
@@ -154,7 +158,7 @@ def small_dense(tmp_path_factory):
             for i in range(40)]
     corpus = write_jsonl(tmp / "c.jsonl", rows)
     roots = {}
-    for runtime in ("auto", "torch", "onnx-int8"):
+    for runtime in ("auto", "torch", "onnx" if CPU_RUNTIME == "onnx-int8" else "onnx-int8"):
         roots[runtime] = str(tmp / runtime)
         build(corpus, roots[runtime], shards=1, dense=True, engine="local", embed_runtime=runtime)
     return roots
@@ -172,7 +176,8 @@ def test_builds_record_their_runtime(small_dense):
         assert reason.startswith("set by --engine local; embedding (--dense, ") and "on a CPU" in reason, reason
     from funnel.jobs.build_index import choose_engine
     assert "in-process without embedding" in choose_engine("auto", 1 << 20, 1, cpus=2)[1]
-    assert got == {"auto": ("onnx", "fp32"), "torch": ("torch", "fp32"), "onnx-int8": ("onnx", "int8")}
+    names = {"torch": ("torch", "fp32"), "onnx": ("onnx", "fp32"), "onnx-int8": ("onnx", "int8")}
+    assert got == {r: names[CPU_RUNTIME if r == "auto" else r] for r in small_dense}  # auto on a CPU: CPU_RUNTIME
 
 
 def test_a_hybrid_search_process_imports_no_torch(small_dense):
@@ -199,11 +204,11 @@ def test_queries_embed_with_the_index_runtime_family(small_dense, torch_provider
     assert isinstance(served.dense_mode.dense().provider, OnnxProvider)
     by_torch = open_index(small_dense["torch"], embedder=torch_provider)
     assert [(h.doc_id, round(h.score, 4)) for h in by_torch.search(q, mode="dense", k=10).hits] == hits
-    int8 = open_index(small_dense["onnx-int8"])
+    int8 = open_index(small_dense[INT8])
     assert int8.search(q, mode="dense", k=3).hits
     assert int8.dense_mode.dense().provider.precision == "int8"
     with pytest.raises(ValueError, match="int8 and float vectors are different embedders"):
-        open_index(small_dense["onnx-int8"], embedder=torch_provider).search(q, mode="dense", k=3)
+        open_index(small_dense[INT8], embedder=torch_provider).search(q, mode="dense", k=3)
 
 
 def test_warm_loads_the_query_embedder(small_dense):
@@ -212,7 +217,7 @@ def test_warm_loads_the_query_embedder(small_dense):
     request creates no onnxruntime session."""
     from funnel.pipelines import onnx_embed
     from funnel.serving.search import open_index
-    ix = open_index(small_dense["onnx-int8"])
+    ix = open_index(small_dense[INT8])
     assert ix.warm() > 0
     assert ix.dense_mode._dense is not None
     sessions = dict(onnx_embed._SESSIONS)
