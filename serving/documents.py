@@ -33,7 +33,7 @@ import fnmatch
 import json
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +41,8 @@ from . import bounds
 from .citations import MAX_RANGE_CHARS, text_range
 from .errors import SearchError
 
-if TYPE_CHECKING:
-    from .search import VersionSearcher
+# ``vs`` is the calling ``serving.search.VersionSearcher``; it is named in annotations as a
+# string only, since search.py imports this module (no import cycle, tests/test_import_layers).
 
 #: ``fields`` value that selects every field.
 ALL_FIELDS = "*"

@@ -95,8 +95,10 @@ def test_serving_has_no_import_cycle():
 def test_errors_module_is_a_leaf():
     assert graph()["serving.errors"] == set()
     tree = ast.parse((SERVING / "errors.py").read_text())
+    # It may import the artifact contract's error (IndexDamaged is an IndexFormatError), which
+    # imports nothing of serving; nothing else of funnel.
     assert not any(isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("funnel"))
-                   for n in ast.walk(tree))
+                   and n.module != "funnel.pipelines.artifacts" for n in ast.walk(tree))
 
 
 def test_errors_are_the_same_classes_from_either_module():
