@@ -54,7 +54,7 @@ def test_choices_come_from_the_registries(demo_index_1, capsys):
     from funnel.serving.search import open_index
     modes = list(open_index(demo_index_1).modes())
     s = option_entries(help_of("search", capsys))
-    assert f"retrieval mode: {', '.join(modes)} (default: bm25)" in s["--mode"]
+    assert f"retrieval mode: {', '.join(modes)} (default: hybrid where the index has vectors, else bm25)" in s["--mode"]
     assert f"{', '.join(FUSIONS)} (default: the index's, else {HybridConfig().fusion})" in s["--fusion"]
     assert f"else {HybridConfig().alpha:g})" in s["--alpha"] and "else 0.05,0.02" in s["--top-rank-bonus"]
     assert ", ".join(LENGTH_NORMS) in s["--length-norm"]

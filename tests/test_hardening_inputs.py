@@ -307,9 +307,12 @@ def test_stdio_tool_errors_name_the_problem(stdio):
 # -- 7a. MCP refuses unknown arguments, as HTTP does ---------------------------------------
 
 
+SEARCH_ARGS = "query, mode, k, budget, passages_per_hit, options, filter, offset, fields"
+
+
 @pytest.mark.parametrize("tool, args, unknown, valid", [
-    ("search", {"query": QUERY, "optoins": {"k1": 0.5}}, "'optoins'", "query, mode, k, options"),
-    ("search", {"query": QUERY, "k1": 0.5, "top_k": 3}, "'k1', 'top_k'", "query, mode, k, options"),
+    ("search", {"query": QUERY, "optoins": {"k1": 0.5}}, "'optoins'", SEARCH_ARGS),
+    ("search", {"query": QUERY, "k1": 0.5, "top_k": 3}, "'k1', 'top_k'", SEARCH_ARGS),
     ("get_document", {"doc_id": "argparse", "full": True}, "'full'", "doc_id"),
     ("term_stats", {"terms": ["parse"], "lang": "en"}, "'lang'", "terms"),
 ])
