@@ -148,8 +148,14 @@ def _candidates(text: str, terms, pattern=None) -> list[tuple[int, str]]:
     millisecond), or with ``pattern`` where lower-casing changes the text's length."""
     low = text.lower()
     if len(low) != len(text):
-        pattern = pattern or candidate_words(terms)
-        return [(m.start(), m.group()) for m in pattern.finditer(text)] if pattern else []
+        # Offsets in the lower-cased text would not be the text's ("İ" lower-cases to two
+        # characters): test each word itself, with the same notion of a word as below.
+        # (Matched case-insensitively as the analyzer lower-cases: "İstanbul" holds "ist".)
+        pre = prefixes(terms)
+        if not pre:
+            return []
+        inside = re.compile("|".join(re.escape(p) for p in pre), re.IGNORECASE)
+        return [(m.start(), m.group()) for m in _WORD.finditer(text) if inside.search(m.group())]
     starts = set()
     for p in prefixes(terms):
         i = low.find(p)

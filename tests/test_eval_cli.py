@@ -2,6 +2,7 @@
 BEIR-layout QA collection built here (real Ray build, real pytrec_eval)."""
 
 import json
+import re
 import os
 
 import pytest
@@ -72,15 +73,17 @@ def test_search_cli_single_query_json_and_errors(tiny, capsys):
 
 
 def test_search_cli_prints_each_hit_once_with_its_snippet(tiny, capsys):
+    """The CLI prints the text an agent reads: each hit once, numbered, with where its passage
+    is and the passage quoted under it, then how to fetch more."""
     assert main(["search", str(tiny / "ix"), "capital of France", "--k", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Found 2 documents for 'capital of France' (bm25):"
-    hits = [l for l in lines[1:] if not l.startswith(" " * 6)]
-    assert len(hits) == 2 and hits[0].split()[0] == "1." and "[d1] Paris" in hits[0]
-    float(hits[0].split()[1])  # the score, beside the rank
+    hits = [l for l in lines[1:] if re.match(r"\d+\. \[", l)]
+    assert len(hits) == 2 and hits[0].startswith("1. [d1] Paris") and "start=0" in hits[0]
     below_first = lines[lines.index(hits[0]) + 1:lines.index(hits[1])]
     assert any(l.strip().startswith("> Paris is the capital of France") for l in below_first)
     assert sum("[d1]" in l for l in lines) == 1  # no second numbered list
+    assert any(l.startswith("More: get_document(\"d1\"") for l in lines)
 
 
 def test_eval_remove_query_choices(tiny, capsys):
