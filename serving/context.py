@@ -187,21 +187,37 @@ def pack_ranked(passages: list[Passage], budget_tokens: int,
     if budget_tokens < 0:
         raise ValueError(f"budget_tokens must be >= 0, got {budget_tokens}")
     chosen: list[Passage] = []
+    # Merging only joins spans of one document, so a new passage changes the cost of its own
+    # document's spans alone: keep each document's passages and cost, and re-merge only that
+    # one (re-merging the whole selection per passage was quadratic in the selection's text).
+    by_doc: dict[str, list[Passage]] = {}
+    doc_cost: dict[str, int] = {}
     used = 0
+
+    def cost_with(q: Passage) -> int:
+        own = sum(count_tokens(x.text) for x in merge_passages(by_doc.get(q.doc_id, []) + [q]))
+        return used - doc_cost.get(q.doc_id, 0) + own
+
+    def take(q: Passage, cost: int) -> None:
+        nonlocal used
+        chosen.append(q)
+        by_doc.setdefault(q.doc_id, []).append(q)
+        doc_cost[q.doc_id] = cost - (used - doc_cost.get(q.doc_id, 0))
+        used = cost
+
     for p in passages:
-        trial = merge_passages(chosen + [p])
-        cost = sum(count_tokens(x.text) for x in trial)
+        cost = cost_with(p)
         if cost <= budget_tokens:
-            chosen.append(p)
-            used = cost
+            take(p, cost)
             continue
         left = budget_tokens - used
         if left >= min_truncated_tokens:
             text = truncate_to_budget(p.text, left, count_tokens).rstrip()
             if text and count_tokens(text) >= min_truncated_tokens:
                 cut = replace(p, end=p.start + len(text), text=text)
-                if sum(count_tokens(x.text) for x in merge_passages(chosen + [cut])) <= budget_tokens:
-                    chosen.append(cut)
+                cost = cost_with(cut)
+                if cost <= budget_tokens:
+                    take(cut, cost)
         break
     return pack_context(chosen, budget_tokens, count_tokens, min_truncated_tokens=min_truncated_tokens)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import regex
 
-from . import filters
+from . import bounds, filters
 from .bm25 import BM25Params
 from .bounds import bound_result
 from .errors import ModeUnavailable, SearchError  # re-exported: their home is errors.py
@@ -623,7 +623,12 @@ class VersionSearcher:
             for priority, i, j in ranking.pool():
                 d = ranking.docs[i]
                 a, b = (int(x) for x in d.spans[j])
+                # The answer keeps at most MAX_PASSAGE_CHARS of a passage and MAX_ANSWER_CHARS
+                # in all (bounds.py): pack no more, so a text with no token boundary (one
+                # passage of megabytes) costs what the answer can show.
+                b = min(b, a + bounds.MAX_PASSAGE_CHARS)
                 passages.append(Passage(ids[d.docno], a, b, d.text[a:b], priority))
+        budget = min(budget, bounds.MAX_ANSWER_CHARS)
         return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
                 for p in pack_ranked(passages, budget)]
 
