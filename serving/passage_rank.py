@@ -56,6 +56,7 @@ class DocPassages:
     lexical: np.ndarray          # BM25 per passage (0: no query term)
     fused: np.ndarray = field(default=None)      # the configured fusion, over the whole pool
     priority: np.ndarray = field(default=None)   # place in the budget (module docstring)
+    positions: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)  # PassageRanking.positions
 
     def order(self) -> np.ndarray:
         """Passage indices, best fused first (first on ties)."""
@@ -71,8 +72,7 @@ class PassageRanking:
     fusion: str
     terms: dict[str, float]      # term -> w·idf (what a matched word of it is worth)
     analyze: Callable[[str], list[str]]
-    _positions: dict = field(default_factory=dict, repr=False)
-    _pattern: object = field(default=None, repr=False)
+    _worth: np.ndarray | None = field(default=None, repr=False)  # w·idf per column of sorted(terms)
 
     def by_docno(self) -> dict[int, DocPassages]:
         return {d.docno: d for d in self.docs}
@@ -100,18 +100,24 @@ class PassageRanking:
         out.sort(key=lambda x: (-x[0], x[1], x[2]))
         return out
 
+    def positions(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(character offsets, ascending; term columns) of the query-term words of document
+        ``i``'s whole text, found once per search (the passage ranking's text BM25 found them
+        already; a dense or passage-BM25 ranking finds them here, on first use)."""
+        d = self.docs[i]
+        if d.positions is None:
+            starts, cols, _ = term_positions(d.text, self.terms, self.analyze)
+            d.positions = (starts, cols)
+        return d.positions
+
     def term_positions(self, i: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(character offsets, term columns, w·idf per column) of the query-term words in
-        ``text[a:b]`` of document ``i``."""
-        key = (i, a, b)
-        got = self._positions.get(key)
-        if got is None:
-            if self._pattern is None:
-                self._pattern = candidate_words(self.terms)
-            starts, cols, names = term_positions(self.docs[i].text[a:b], self.terms, self.analyze, self._pattern)
-            w = np.asarray([self.terms[t] for t in names], dtype=np.float64)
-            got = self._positions[key] = (starts + a, cols, w)
-        return got
+        """(character offsets, term columns, w·idf per column) of the query-term words that
+        start in ``text[a:b]`` of document ``i``."""
+        starts, cols = self.positions(i)
+        lo, hi = np.searchsorted(starts, a), np.searchsorted(starts, b)
+        if self._worth is None:
+            self._worth = np.asarray([self.terms[t] for t in sorted(self.terms)], dtype=np.float64)
+        return starts[lo:hi], cols[lo:hi], self._worth
 
 
 # --------------------------------------------------------------------------- kernels
@@ -127,25 +133,13 @@ def prefixes(terms) -> tuple[str, ...]:
     return tuple(sorted({t[:3] if len(t) >= 4 else t[:2] for t in terms if t}))
 
 
-def candidate_words(terms) -> "re.Pattern | None":
-    """A pattern of the words that begin with one of :func:`prefixes` (case-insensitive), for
-    short texts (a snippet's sentences); None for no terms."""
-    got = prefixes(terms)
-    return _prefix_pattern(got) if got else None
-
-
-@functools.lru_cache(maxsize=1024)
-def _prefix_pattern(prefixes: tuple[str, ...]) -> "re.Pattern":
-    return re.compile(r"\b(?:" + "|".join(re.escape(p) for p in prefixes) + r")\w*", re.IGNORECASE)
-
-
 _WORD = re.compile(r"\w+")
 
 
-def _candidates(text: str, terms, pattern=None) -> list[tuple[int, str]]:
+def _candidates(text: str, terms) -> list[tuple[int, str]]:
     """(start, word) of each word of ``text`` that holds one of :func:`prefixes`, in order:
     found with ``str.find`` in the lower-cased text (a few hundred thousand characters a
-    millisecond), or with ``pattern`` where lower-casing changes the text's length."""
+    millisecond), or word by word where lower-casing changes the text's length."""
     low = text.lower()
     if len(low) != len(text):
         # Offsets in the lower-cased text would not be the text's ("İ" lower-cases to two
@@ -178,8 +172,8 @@ def candidate_words_of(text: str, terms) -> list[str]:
     return [w for _, w in _candidates(text, terms)]
 
 
-def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]],
-                   pattern=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]]
+                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
     ``terms`` (analyzed index terms), a word counting once per term it yields. Only the words
     that hold a term's :func:`prefixes` are analyzed, so a long document is not analyzed word
@@ -190,7 +184,7 @@ def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Calla
     cols = {t: j for j, t in enumerate(names)}
     seen: dict[str, list[int]] = {}
     starts, hit_cols = [], []
-    for start, w in _candidates(text, names, pattern):
+    for start, w in _candidates(text, names):
         got = seen.get(w)
         if got is None:
             got = seen[w] = [cols[t] for t in dict.fromkeys(analyze(w)) if t in cols]
@@ -201,15 +195,15 @@ def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Calla
 
 
 def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Callable[[str], list[str]],
-            pattern=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+            positions: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(tf ``(m, t)`` of each term in each passage, dl ``(m,)`` in whitespace words, term names).
-    A word counts for every passage its start falls in (an overlap's words count twice)."""
-    starts, cols, names = term_positions(text, terms, analyze, pattern)
+    A word counts for every passage its start falls in (an overlap's words count twice).
+    ``positions``: the text's ``term_positions`` (offsets ascending, columns), if found already."""
+    names = sorted(terms)
+    starts, cols = positions if positions is not None else term_positions(text, terms, analyze)[:2]
     m = len(spans)
     tf = np.zeros((m, len(names)))
     if len(starts):
-        order = np.argsort(starts, kind="stable")
-        starts, cols = starts[order], cols[order]
         lo = np.searchsorted(starts, spans[:, 0], side="left")
         hi = np.searchsorted(starts, spans[:, 1], side="left")
         for j in range(m):
@@ -308,7 +302,7 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
     out: list[DocPassages] = []
     tfs: list[tuple[np.ndarray, np.ndarray] | None] = []
     names = sorted(terms)
-    pattern = candidate_words(names)
+    analyze = searcher.index.analyzer.analyze
     for n, rank, doc in docs:
         text = doc["text"] or ""
         spans = np.asarray(searcher.passage_spans(n, text), dtype=np.int64).reshape(-1, 2)
@@ -326,13 +320,15 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
                 lexical = None
         else:
             lexical = None
+        positions = None
         if lexical is None:
-            tf, dl, _ = text_tf(text, spans, terms, searcher.index.analyzer.analyze, pattern)
+            positions = term_positions(text, terms, analyze)[:2]
+            tf, dl, _ = text_tf(text, spans, terms, analyze, positions)
             tfs.append((tf, dl))
             lexical = np.zeros(len(spans))
         else:
             tfs.append(None)
-        out.append(DocPassages(n, rank, text, spans, dense, lexical))
+        out.append(DocPassages(n, rank, text, spans, dense, lexical, positions=positions))
     lex = searcher.bm25 if hasattr(searcher.bm25, "weights") else searcher.bm25.inner
     _, ws, kept = lex.weights(terms)
     worth = dict.fromkeys(names, 0.0) | dict(zip(kept, ws.tolist()))  # term -> w·idf
@@ -347,7 +343,7 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
     fuse(out, cfg.fusion, cfg.alpha, cfg.rrf_k)
     lexical_name = "bm25" if passage_bm25 is not None and all(t is None for t in tfs) else "terms"
     signals = (("dense",) if any(d.dense is not None for d in out) else ()) + (lexical_name,)
-    return PassageRanking(out, signals, cfg.fusion, worth, searcher.index.analyzer.analyze, _pattern=pattern)
+    return PassageRanking(out, signals, cfg.fusion, worth, analyze)
 
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+import numpy as np
 import regex
 
 from . import bounds, filters
@@ -82,19 +83,26 @@ def _empty_scope_note(scope: dict, note: str, searchable: bool) -> str:
     return f"None of the {scope['visible']:,} documents you may read matches the query."
 
 
-def snippet(text: str, matched: set[str], analyze: Callable[[str], list[str]], max_chars: int = 300) -> str:
-    """The sentence with the most matched terms (first one on ties), cut to ``max_chars``.
-    Only a sentence's words that may analyze to a matched term are analyzed
-    (``passage_rank.candidate_words_of``)."""
-    if not text:
+def snippet(text: str, a: int, b: int, starts: np.ndarray, cols: np.ndarray, wanted: set[int],
+            max_chars: int = 300) -> str:
+    """The sentence of ``text[a:b]`` with the most distinct matched terms (the first one on
+    ties), cut to ``max_chars``. ``starts``, ``cols``: where the text's query-term words start
+    and which term each is (``PassageRanking.positions``, found once per search); ``wanted``:
+    the columns of the hit's matched terms."""
+    piece = text[a:b]
+    if not piece:
         return ""
-    from .passage_rank import candidate_words_of
-    best, best_n = None, -1
-    for sent in _SENTENCE.split(text)[:200]:
-        n = len(matched.intersection(t for w in candidate_words_of(sent, matched) for t in analyze(w))) if matched else 0
-        if n > best_n:
-            best, best_n = sent, n
-    best = best or text
+    cuts = [0] + [x for m in _SENTENCE.finditer(piece) for x in (m.start(), m.end())] + [len(piece)]
+    sents = list(zip(cuts[::2], cuts[1::2]))[:200]
+    counts = [0] * len(sents)
+    if wanted and len(starts):
+        edges = np.searchsorted(starts, a + np.asarray(sents, dtype=np.int64).ravel()).tolist()
+        counts = [len(wanted.intersection(cols[lo:hi].tolist())) if hi > lo else 0
+                  for lo, hi in zip(edges[::2], edges[1::2])]
+    best_n = max(counts)
+    x, y = sents[counts.index(best_n)]  # the first of the best
+    best = piece[x:y]
+    best = best or piece
     return best if len(best) <= max_chars else best[: max_chars - 1].rsplit(" ", 1)[0] + "…"
 
 
@@ -541,22 +549,29 @@ class VersionSearcher:
         ranking = self.rank_passages(query, mode, trace, [(s.docno, r, d) for r, (s, d) in
                                                           enumerate(zip(scored, docs), start=1)]) \
             if explain and scored else None
-        by_doc = ranking.by_docno() if ranking is not None else {}
+        by_doc = {d.docno: i for i, d in enumerate(ranking.docs)} if ranking is not None else {}
+        column = {t: c for c, t in enumerate(sorted(ranking.terms))} if ranking is not None else {}
         hits = []
         for rank, (s, doc) in enumerate(zip(scored, docs), start=1):
             detail = matched_fn(s.docno) if (explain and matched_fn) else {}
             detail.pop("passage", None)
             terms = tuple(detail.get("terms", {}))
             cites: tuple = ()
+            snip = ""
             if explain:
-                d, text = by_doc[s.docno], texts[s.docno]
+                i = by_doc[s.docno]
+                d, text = ranking.docs[i], texts[s.docno]
                 cites = tuple(make_citation(text, int(d.spans[j][0]), int(d.spans[j][1]), int(j), ranking.via(d, j),
                                             ranking.score(d, j))
                               for j in d.order()[:passages_per_hit].tolist())
+                if cites:
+                    # The snippet is the passage's best sentence (a short document's passage is all of it).
+                    c = cites[0]
+                    snip = snippet(text, c.start, c.end, *ranking.positions(i),
+                                   {column[t] for t in terms if t in column})
             cite = cites[0] if cites else None
-            # The snippet is the passage's best sentence (a short document's passage is all of it).
             hits.append(Hit(doc_id=doc["doc_id"], rank=rank, score=round(s.score, 6), title=doc["title"],
-                            snippet=snippet(cite.text, set(terms), self.index.analyzer.analyze) if cite else "",
+                            snippet=snip,
                             matched_terms=terms, why=detail.get("why", ""), docno=s.docno,
                             explain=detail, passage=cite, passages=cites))
         return hits, ranking, texts
@@ -845,7 +860,6 @@ class _RowsSink:
         self.pending: dict[str, list[tuple[str, float]]] = {}
 
     def arrays(self, qids: list[str], found: tuple, k: int, remove_query: bool) -> None:
-        import numpy as np
         from funnel.evaluation.trec import RunRows
         self._flush()
         pos, score, cnt = found
@@ -869,7 +883,6 @@ class _RowsSink:
 
     def _flush(self) -> None:
         if self.pending:
-            import numpy as np
             from funnel.evaluation.trec import RunRows
             width = max(map(len, self.pending.values()))
             ids = np.full((len(self.pending), width), None, dtype=object)

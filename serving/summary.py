@@ -117,10 +117,9 @@ def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Calla
     if not us:
         return a, a
     starts, cols, w = ranking.term_positions(i, a, b)
-    scores = []
-    for x, y, _ in us:
-        lo, hi = np.searchsorted(starts, x), np.searchsorted(starts, y)
-        scores.append(float(w[np.unique(cols[lo:hi])].sum()) if hi > lo else 0.0)
+    edges = np.searchsorted(starts, np.asarray([u[:2] for u in us], dtype=np.int64).ravel()).tolist()
+    scores = [float(w[list(set(cols[lo:hi].tolist()))].sum()) if hi > lo else 0.0
+              for lo, hi in zip(edges[::2], edges[1::2])]
     best = int(np.argmax(scores))
     sizes = [count(d.text[x:y]) for x, y, _ in us]  # a span's count is at most the sum of its units'
     if sizes[best] > cap:

@@ -6,6 +6,14 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: the same examples on every run (a red CI must mean a bug, not a draw), and
+# no health check failing a test for how its inputs were generated (big texts are the point
+# of the budget tests) or how long they took on a loaded 2-core machine.
+settings.register_profile("funnel", derandomize=True, suppress_health_check=[
+    HealthCheck.data_too_large, HealthCheck.too_slow, HealthCheck.large_base_example])
+settings.load_profile("funnel")
 
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
 BEIR = os.path.join(SHARED, "beir")
