@@ -15,9 +15,9 @@ synthetic corpus with a dense index: what issue 17 asks for ("hybrid and SIRA la
    ``Searcher.search(q, mode=M, k=10)`` (explanations and snippets on, as an agent gets them),
    after a warm pass, for each mode in turn; p50/p99 wall time per query and the median of
    each stage the result's trace reports. The query embedder is the bundled MiniLM-L6 run
-   in-process (one torch thread): after opening (against the hash server, which stays up), the
-   dense index's provider is swapped for it,
-   so each query pays MiniLM's real embedding time (the LRU cache of query vectors is emptied
+   in-process as a CPU index runs it by default (onnxruntime int8, one thread): after opening
+   (against the hash server, which stays up), the dense index's provider is swapped for it, so
+   each query pays MiniLM's real embedding time (the LRU cache of query vectors is emptied
    before every query). Its vectors are compared with hash vectors, so what comes back means
    nothing; only the time is measured. The index's own hash provider is not used at query time.
 4. Baseline: BM25 (``mode="bm25"``) through the same call in the same process; each mode's
@@ -99,15 +99,15 @@ def build(corpus: str, index: str, url: str, log: str) -> float:
 
 def measure(index: str, queries: list[str]) -> dict:
     """Per mode: p50/p99 wall ms per query and the median of each trace stage; plus facts."""
-    import torch
-    torch.set_num_threads(1)
-    from funnel.pipelines.embed import SentenceTransformerProvider
+    from funnel.pipelines.embed import CPU_RUNTIME, RUNTIME_CHOICES, make_provider
     from funnel.serving.search import open_index
     t = time.perf_counter()
     ix = open_index(index)
     open_s = time.perf_counter() - t
     dense = ix.dense_mode.dense()
-    minilm = SentenceTransformerProvider("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+    runtime, precision = RUNTIME_CHOICES[CPU_RUNTIME]  # what a CPU build and its queries use by default
+    minilm = make_provider({"model": "sentence-transformers/all-MiniLM-L6-v2", "runtime": runtime,
+                            "precision": precision})
     if minilm.dim != dense.provider.dim:
         sys.exit(f"MiniLM has dim {minilm.dim}, the index's vectors {dense.provider.dim}")
     dense.provider = minilm  # the query embedder's real cost; see the docstring
@@ -120,16 +120,25 @@ def measure(index: str, queries: list[str]) -> dict:
         for q in queries:  # warm pass
             dense._cache.clear()
             ix.search(q, mode=mode, k=10, **opts)
-        times, stages = [], {}
+        times, plain, stages = [], [], {}
         for q in queries:
-            dense._cache.clear()  # every query embedded, as a new query would be
+            # The ranking alone (explain=False: no citations, passages or evidence text), then
+            # the default answer, interleaved query by query; every query embedded each time,
+            # as a new query would be.
+            dense._cache.clear()
+            t = time.perf_counter()
+            ix.search(q, mode=mode, k=10, explain=False, **opts)
+            plain.append(time.perf_counter() - t)
+            dense._cache.clear()
             t = time.perf_counter()
             res = ix.search(q, mode=mode, k=10, **opts)
             times.append(time.perf_counter() - t)
             for st, ms in (res.trace.get("timings_ms") or {}).items():
                 if isinstance(ms, (int, float)):
                     stages.setdefault(st, []).append(ms)
-        out[name] = {**_percentiles(times), "stages": {st: statistics.median(v) for st, v in stages.items()},
+        out[name] = {**_percentiles(times), "plain_p50_ms": statistics.median(plain) * 1000,
+                     "text_p50_ms": statistics.median(stages.get("summary", [0.0])),
+                     "stages": {st: statistics.median(v) for st, v in stages.items()},
                      "proposer": (res.trace.get("sira") or {}).get("proposer")}
         print(name, {k: round(v, 2) for k, v in out[name].items() if k.endswith("_ms")}, flush=True)
     times = []
@@ -154,7 +163,8 @@ def render(res: dict, a, n_docs: int, build_s: float | None, command: str) -> st
              + (f", built in {build_s:.0f} s in this run" if build_s is not None else ", reused from an earlier run")
              + f"; opened in {f['open_s']:.2f} s. {a.queries} generated queries, one `Searcher.search(q, mode=M, "
              "k=10)` call each (explanations and snippets on), after a warm pass; the query embedder is the "
-             "bundled MiniLM-L6 on one torch thread, its cache emptied before every query. Baseline: BM25 "
+             "bundled MiniLM-L6 as a CPU index queries it by default (onnxruntime int8, one thread), its "
+             "cache emptied before every query. Baseline: BM25 "
              "through the same call in the same process.", "",
              "| mode | p50 ms | p99 ms | mean ms | p50 / BM25 p50 | median per stage (ms, from the trace) |",
              "|---|---:|---:|---:|---:|---|"]
@@ -163,12 +173,25 @@ def render(res: dict, a, n_docs: int, build_s: float | None, command: str) -> st
         stages = ", ".join(f"{k} {v:.2f}" for k, v in m["stages"].items())
         lines.append(f"| {label_} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {m['mean_ms']:.2f} | "
                      f"{m['p50_ms'] / base:.1f}× | {stages} |")
+    lines += ["", "What an agent's answer costs beside the ranking, same queries, interleaved query by query: "
+              "the ranking alone (`explain=False`: ids and scores, no citations, passages or text) and the "
+              "default answer (explanations, every hit's passages ranked by both signals and cited, the "
+              "evidence text at the default budget). `text` is the trace's `summary` stage: writing the "
+              "budgeted evidence text from the ranked passages; `hits` is explanations, passage ranking "
+              "and citations.", "",
+              "| mode | ranking alone p50 ms | default answer p50 ms | default / ranking alone | "
+              "hits stage ms | text stage ms | text / default p50 |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, m in modes.items():
+        lines.append(f"| {name} | {m['plain_p50_ms']:.2f} | {m['p50_ms']:.2f} | "
+                     f"{m['p50_ms'] / m['plain_p50_ms']:.2f}× | {m['stages'].get('hits', 0):.2f} | "
+                     f"{m['text_p50_ms']:.2f} | {m['text_p50_ms'] / m['p50_ms']:.1%} |")
     e = f["embed"]
     lines += ["", f"The MiniLM query embedding alone (`embed_query`, same queries, same process): p50 {e['p50_ms']:.2f} ms, "
               f"p99 {e['p99_ms']:.2f} ms; it is inside the dense, hybrid and sira (dense) rows' `dense` stage."]
     mib = {k: v / 2 ** 20 for k, v in st.items()}
     lines += ["", f"Serving process at the end: RSS {mib.get('VmRSS', 0):,.0f} MiB (anon {mib.get('RssAnon', 0):,.0f}, "
-              f"file {mib.get('RssFile', 0):,.0f}), peak {mib.get('VmHWM', 0):,.0f} MiB; MiniLM and torch included."]
+              f"file {mib.get('RssFile', 0):,.0f}), peak {mib.get('VmHWM', 0):,.0f} MiB; MiniLM included."]
     return "\n".join(lines)
 
 

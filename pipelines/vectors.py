@@ -345,11 +345,14 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
     queries = _as_f32(queries)
     if not indexes:
         raise ValueError("search_shards: no indexes")
-    heap = faiss.ResultHeap(len(queries), k, keep_max=_is_max_metric(indexes[0]))
     previous = faiss.omp_get_max_threads()
     if threads:
         faiss.omp_set_num_threads(int(threads))
     try:
+        # The heap's heapify and reorder are OpenMP loops too: under ``threads`` as well (with
+        # faiss's default of one thread per core, on a busy 2-core machine their fork and join
+        # cost 20-40 ms a query, more than the search; measured here with the load at 17).
+        heap = faiss.ResultHeap(len(queries), k, keep_max=_is_max_metric(indexes[0]))
         for i, index in enumerate(indexes):
             if index.ntotal == 0:
                 continue
@@ -365,10 +368,10 @@ def search_shards(indexes: list[faiss.Index], queries: np.ndarray, k: int,
                 params.sel = sel
             scores, ids = index.search(queries, k, params=params)
             heap.add_result(scores, ids)
+        heap.finalize()
     finally:
         if threads:
             faiss.omp_set_num_threads(previous)
-    heap.finalize()
     return heap.D, heap.I
 
 
