@@ -15,7 +15,6 @@ what Ray Data's ``map_batches(batch_format="numpy")`` passes.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import importlib
@@ -291,10 +290,12 @@ class _ProviderBase:
 
     async def aembed_query(self, text: str) -> np.ndarray:
         """`embed_query` in a worker thread, so an event loop is never blocked."""
+        import asyncio  # here: ~40 ms that a process which never awaits (funnel search) skips
         return await asyncio.to_thread(self.embed_query, text)
 
     async def aembed_documents(self, texts: list[str]) -> np.ndarray:
         """`embed_documents` in a worker thread."""
+        import asyncio
         return await asyncio.to_thread(self.embed_documents, texts)
 
 

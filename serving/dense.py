@@ -42,7 +42,9 @@ import numpy as np
 
 from funnel.pipelines.artifacts import IndexFormatError
 from funnel.pipelines.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name, runtime_name
-from funnel.pipelines.vectors import REFINE_K_FACTOR, ExactScorer, first_distinct, read_index, search_shards
+
+# funnel.pipelines.vectors (and with it faiss, ~50 ms) is imported where a dense index is opened
+# or searched, not here: a BM25 query that only reads a version's passages (Passages) skips it.
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +203,7 @@ class DenseIndex:
             Fingerprint mismatch. ``IndexFormatError`` when a shard's size differs from
             the manifest.
         """
+        from funnel.pipelines.vectors import REFINE_K_FACTOR, ExactScorer, read_index
         fp = manifest_dense.get("fingerprint")
         if fp:
             check_fingerprint(fp, provider.fingerprint())
@@ -279,6 +282,7 @@ class DenseIndex:
         post = mask is not None and 0 < mask.count and mask.count >= POST_FILTER_MIN_SHARE * len(mask.allow)
         if self.depth_factor == 1 and self.scorer is None and not post:
             return self._search_raw(vectors, k, nprobe, mask)
+        from funnel.pipelines.vectors import first_distinct
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         want = k if self.scorer is None else self.scorer.shortlist(k)
         nq = len(vectors)
@@ -317,6 +321,7 @@ class DenseIndex:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """Merged FAISS search: ``(scores, ids)`` of vectors (passages or documents); with a
         ``mask`` FAISS scores its allowed ids only."""
+        from funnel.pipelines.vectors import search_shards
         threads = self.single_query_threads if len(vectors) == 1 else None
         return search_shards(self.indexes, vectors, k, nprobe=nprobe or self.nprobe, threads=threads,
                              selector=None if mask is None else mask.faiss_selectors(self.shard_ids))

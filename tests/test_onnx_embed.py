@@ -80,6 +80,30 @@ def test_int8_is_close_but_its_own_embedder(onnx, torch_provider):
     assert _cos(int8.embed_query(TEXTS[1]), batched[1]) >= 0.99999
 
 
+def test_int8_loads_a_saved_optimized_graph_with_the_same_vectors(tmp_path):
+    """The int8 session is made from ``model.int8.opt.onnx`` (saved once, beside the export) with
+    onnxruntime's optimizations off: its vectors are bit for bit those of the exported graph
+    optimized at load, which the index's documents may have been embedded with."""
+    import onnxruntime as ort
+
+    from funnel.pipelines import onnx_embed
+    int8 = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "onnx", "precision": "int8"})
+    exported = os.path.join(int8.dir, "model.int8.onnx")
+    opt = onnx_embed.optimized_graph(exported)
+    assert opt == os.path.join(int8.dir, "model.int8.opt.onnx") and os.path.exists(opt + ".data")
+    session = onnx_embed._session(exported, 1)
+    assert session.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so = onnx_embed._options(1)
+    at_load = ort.InferenceSession(exported, so, providers=["CPUExecutionProvider"])
+    ids, lengths = int8._docs.tokenize(TEXTS)
+    for i, n in enumerate(lengths.tolist()):
+        x = np.ascontiguousarray(ids[i:i + 1, :n], dtype=np.int64)
+        feed = {"input_ids": x, "attention_mask": np.ones_like(x)}
+        assert np.array_equal(session.run(None, feed)[0], at_load.run(None, feed)[0])
+    # Where the optimized graph cannot be saved, the exported one is loaded as before.
+    assert onnx_embed.optimized_graph(str(tmp_path / "missing" / "model.int8.onnx")) is None
+
+
 def test_fingerprints_and_cache_keys_name_runtime_and_precision(onnx, torch_provider, tmp_path):
     int8 = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "onnx", "precision": "int8"})
     fps = [torch_provider.fingerprint(), onnx.fingerprint(), int8.fingerprint()]
