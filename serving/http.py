@@ -937,9 +937,12 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
                      token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts),
                      body_timeout_s=body_timeout_s, tokens=token_file)
     searcher = app.state.searcher
-    warm = searcher.warm()  # before listening: no request pays it
-    log.info("warm-up query answered in %.2fs%s", warm, f" (query embedder ready in {searcher.warm_embedder_s:.2f}s)"
-             if searcher.warm_embedder_s else "")
+    from .warmup import warm_http, warm_server
+    # Before listening, no request pays for loading anything: the version, then real requests
+    # through this app; each later version is warmed before it serves (serving.warmup).
+    warm = warm_server(searcher, lambda: warm_http(app, searcher, token, token_file))
+    log.info("warm-up query answered in %.2fs (query embedder ready in %.2fs; %d requests through the API; "
+             "%.2fs in all)", warm["seconds"], warm["embedder_s"], warm["requests"], warm["total_s"])
     scrubbing = start_scrub(searcher.follower, scrub)
 
     class Server(uvicorn.Server):

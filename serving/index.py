@@ -289,7 +289,8 @@ class DocStore:
             if pf is None:
                 pf = pq.ParquetFile(path, memory_map=True)
             extra = [_FIELDS_COLUMN] if _FIELDS_COLUMN in pf.schema_arrow.names else []
-            t = pf.read_row_group(group, columns=list(_TEXT_COLUMNS) + extra)
+            # One thread: a group is a few hundred rows, and Arrow's pool costs more than it saves.
+            t = pf.read_row_group(group, columns=list(_TEXT_COLUMNS) + extra, use_threads=False)
         except (OSError, ValueError, pa.ArrowException) as e:
             raise _damaged(path, e) from e
         with self._lock:
@@ -566,6 +567,11 @@ class VersionFollower(Generic[T]):
         # version dir -> {"version", "file", "reason", "since"} and the file's key when found
         self._damaged: dict[str, tuple[dict, tuple | None]] = {}
         self.closed = False
+        #: Called with each version `refresh` (or a fallback) opened, before it serves: a
+        #: server's warm-up (``serving.warmup.follow``). What it raises is logged; the version
+        #: serves anyway. ``warmed``: version name -> seconds its warm-up took.
+        self.prepare: Callable[[T], object] | None = None
+        self.warmed: dict[str, float] = {}
 
     @property
     def current(self) -> T:
@@ -712,6 +718,7 @@ class VersionFollower(Generic[T]):
                 opened = self._open(name)  # leased from here on: gc leaves it alone
                 verify_version(vdir, "full")
                 self._watch(vdir, opened)
+                self._prepare(name, opened)
                 return vdir, opened
             except (IndexFormatError, OSError) as e:
                 log.error("cannot fall back to %s: %s", name, e)
@@ -722,8 +729,25 @@ class VersionFollower(Generic[T]):
                     getattr(opened, "close", lambda: None)()
         return None
 
+    def _prepare(self, name: str, opened: T) -> None:
+        """Run `prepare` on a version about to serve; its seconds go to ``warmed``."""
+        prepare = self.prepare
+        if prepare is None:
+            return
+        t = time.perf_counter()
+        try:
+            prepare(opened)
+        except Exception as e:  # noqa: BLE001 - a cold version still answers correctly
+            log.warning("warming version %s failed (%s: %s); it serves cold", name, type(e).__name__, e)
+            return
+        self.warmed[name] = round(time.perf_counter() - t, 3)
+        while len(self.warmed) > 16:  # the latest versions only: a long-lived server publishes many
+            del self.warmed[next(iter(self.warmed))]
+        log.info("warmed version %s in %.2fs before serving it", name, self.warmed[name])
+
     def refresh(self) -> bool:
-        """Switch to the version CURRENT names if it opens; True when it switched."""
+        """Switch to the version CURRENT names if it opens (and, with `prepare`, once it is
+        warm); True when it switched."""
         if self._pinned or self.closed:
             return False
         with self._lock:
@@ -749,6 +773,7 @@ class VersionFollower(Generic[T]):
                 self._degrade(str(e))
                 return False
             self._watch(target, opened)
+            self._prepare(os.path.basename(target), opened)  # warm before it serves
             old = self.version
             self.current, self._dir, self._failed = opened, target, None
             self._status = self._ok_status()

@@ -84,6 +84,7 @@ from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts
                    servable_modes, term_stats as term_stats_of)
 from .result import SearchResult
 from .scrub import ScrubConfig, start_scrub
+from .warmup import warm_mcp, warm_server
 from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, Searcher, SearchError,
                      open_index)
 from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
@@ -479,14 +480,17 @@ def build_mcp_server(searcher: Searcher, refresh_interval: float = 1.0,
 
 
 def mcp_http_app(searcher: Searcher, host: str, hosts: list[str], token: str | None = None, tokens=None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 server: MCPServer | None = None):
     """The streamable-HTTP MCP app over ``searcher`` as `run_mcp` serves it: the MCP
     server's app (``Host`` checked against ``hosts``, `allowed_hosts`) behind the same
-    `RequestGuard` as the HTTP API, with ``token`` and ``tokens`` (a ``TokenFile``)."""
+    `RequestGuard` as the HTTP API, with ``token`` and ``tokens`` (a ``TokenFile``).
+    ``server``: one `build_mcp_server` made with the same searcher, token and tokens (default:
+    made here)."""
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts,
         allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
-    server = build_mcp_server(searcher, token=token, tokens=tokens)
+    server = server or build_mcp_server(searcher, token=token, tokens=tokens)
     return RequestGuard(server.streamable_http_app(transport_security=security, host=host,
                                                    max_request_body_size=max_body_bytes),
                         token=token, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, tokens=tokens,
@@ -557,9 +561,10 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         ix = open_index(index_root, chat=chat)
         scrubbing = None
         try:
-            ix.warm()  # the first tool call then loads neither the compiled kernels nor the query embedder
+            server = build_mcp_server(ix, max_line_bytes=max_body_bytes)
+            warm_server(ix, lambda: warm_mcp(server, ix))  # the first tool call then loads nothing
             scrubbing = start_scrub(ix.follower, scrub)
-            build_mcp_server(ix, max_line_bytes=max_body_bytes).run("stdio")
+            server.run("stdio")
         finally:
             if scrubbing is not None:
                 scrubbing.close()
@@ -575,12 +580,17 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     check_exposure(host, token or tokens, insecure, f"MCP for {index_root}")
     hosts = allowed_hosts(host, allow_hosts)
     ix = open_index(index_root, chat=chat)
-    warm = ix.warm()  # before listening: no request pays it
-    log.info("warm-up query answered in %.2fs%s", warm, f" (query embedder ready in {ix.warm_embedder_s:.2f}s)"
-             if ix.warm_embedder_s else "")
+    server = build_mcp_server(ix, token=token, tokens=token_file)
+    # Before listening (serving.warmup): the version, then tool calls through this server; each
+    # later version is warmed before it serves.
+    # In-process calls carry no token: with one required, they go to a server without it.
+    unguarded = server if token is None and token_file is None else build_mcp_server(ix)
+    warm = warm_server(ix, lambda: warm_mcp(unguarded, ix))
+    log.info("warm-up query answered in %.2fs (query embedder ready in %.2fs; %d tool calls; %.2fs in all)",
+             warm["seconds"], warm["embedder_s"], warm["requests"], warm["total_s"])
     scrubbing = start_scrub(ix.follower, scrub)
     app = mcp_http_app(ix, host, hosts, token=token, tokens=token_file, max_body_bytes=max_body_bytes,
-                       body_timeout_s=body_timeout_s)
+                       body_timeout_s=body_timeout_s, server=server)
     shown = f"[{host}]" if ":" in host else host
     log.info("MCP server for %s on http://%s:%d/mcp; token %s; Host headers accepted: %s", index_root, shown,
              port, "required (Authorization: Bearer ...)" if token or tokens else "not required",
