@@ -14,10 +14,13 @@ A shard directory ``lexical/shard-NNNN/`` holds
                                       exact block maxima for the default BM25 parameters and the
                                       collection's avgdl, and each block's last document
                                       (finalize; serving's pruning reads them)
-    impacts.npy     float32 [P]       each posting's ``tf / (tf + denom)`` for the default BM25
-    impacts.json                      parameters and the collection's avgdl, rounded to float32
-                                      (finalize; serving's exhaustive scoring reads them, and
-                                      rescores its candidates exactly)
+    impacts.npy     uint8 [P]         each posting's ``tf / (tf + denom)`` for the default BM25
+    impacts.json                      parameters and the collection's avgdl as a level q, the
+                                      least with q / 255 >= it (finalize; serving's exhaustive
+                                      scoring sums them, and rescores its candidates exactly).
+                                      Builds before the levels stored float32 (4 bytes a
+                                      posting): serving then scores those indexes from tfs and
+                                      length codes, exactly, until they are rebuilt
 
 The last two bound every posting's BM25 factor ``tf/(tf + k1·(1 - b + b·dl/avgdl))`` for
 any (k1, b) and either length encoding (it grows with tf and shrinks with dl), so serving
@@ -50,7 +53,7 @@ BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in olde
 # Block maxima for the default BM25 parameters (optional; write_block_maxima).
 BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy", "block_last.npy")
 BLOCK_KEY_FILE = "block_maxima.json"
-# Per-posting float32 impacts for the default BM25 parameters (optional; write_impacts).
+# Per-posting one-byte impact levels for the default BM25 parameters (optional; write_impacts).
 IMPACT_FILE = "impacts.npy"
 IMPACT_KEY_FILE = "impacts.json"
 
@@ -250,12 +253,13 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
 
 def write_impacts(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
     """Store each posting's impact ``tf / (tf + k1·(1 - b + b·L/avgdl))`` for the default
-    BM25 parameters and this ``avgdl``, rounded to float32 (``impacts.npy``, 4 bytes a
-    posting; ``impacts.json`` names what they were computed for). Serving's exhaustive
-    scoring reads one of these per posting instead of a tf, a length code and a table cell,
-    sums them in float64 and rescores its candidates exactly, so results keep float64
-    scoring's bits (``serving.kernels._search_approx``). A reindex rewrites them (avgdl
-    changes). Returns False (nothing written) without numba."""
+    BM25 parameters and this ``avgdl``, as one-byte levels rounded up (``impacts.npy``,
+    ``kernels.posting_levels``; ``impacts.json`` names what they were computed for and the
+    quantization). Serving's exhaustive scoring reads one of these per posting instead of a
+    tf, a length code and a table cell, sums them in float64, keeps every document within
+    the quantization's proven margin of the k-th and rescores those exactly, so results
+    keep float64 scoring's bits (``serving.kernels._search_approx``). A reindex rewrites
+    them (avgdl changes). Returns False (nothing written) without numba."""
     from funnel.serving import kernels
     if not kernels.HAVE_NUMBA:
         return False
@@ -268,7 +272,7 @@ def write_impacts(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> boo
 
 
 def load_impacts(shard_dir: str) -> tuple[dict, np.ndarray] | None:
-    """(what they were computed for, memory-mapped float32 impacts) of a shard's stored
+    """(what they were computed for, memory-mapped impact levels) of a shard's stored
     per-posting impacts; None where the build did not store them."""
     key_path = os.path.join(shard_dir, IMPACT_KEY_FILE)
     if not (os.path.exists(key_path) and os.path.exists(os.path.join(shard_dir, IMPACT_FILE))):

@@ -168,7 +168,7 @@ class ShardScorer:
         # (key, (bstart, bmax, tmax, tkth, blast)) block maxima the build stored (load_block_maxima),
         # used by BM25Retriever._blocks when the key matches; None: computed on first use.
         self.stored_blocks = stored_blocks
-        # (key, float32 impact per posting) the build stored (load_impacts), used by
+        # (key, impact level per posting) the build stored (load_impacts), used by
         # BM25Retriever._impacts32 when the key matches; None: the exhaustive kernels use the grid.
         self.stored_impacts = stored_impacts
         self.rel = rel

@@ -11,10 +11,10 @@ no per-posting impact array and every (k1, b) costs the same. A small index (at 
 values): the exhaustive paths then read one number per posting instead of a tf, a length
 code and a grid cell.
 
-A larger index has the build's float32 impacts for the default (k1, b) (``impacts.npy``,
-``posting_impacts32``), memory-mapped. The exhaustive path reads those (``_search_approx``):
-it sums them in float64, keeps every document within a proven margin of the k-th
-approximate score (``_approx_keep``), and rescores those candidates exactly from their
+A larger index has the build's impacts for the default (k1, b) quantized to one byte
+(``impacts.npy``, ``posting_levels``), memory-mapped. The exhaustive path reads those
+(``_search_approx``): it sums them in float64, keeps every document within a proven margin
+of the k-th approximate score (``_approx_margin``), and rescores those candidates exactly from their
 postings (``_rescore_shard``), as PISA and JASS rescore their quantized top k: the returned
 documents, scores and ties are float64 term-at-a-time's. Where a query has postings for
 about as many documents as a shard holds, a shard's accumulator is read back by one scan
@@ -152,6 +152,14 @@ DENSE_DIVISOR = 16
 PRUNE_SKIP = 0.92
 # Scores per run that the dense read-back compares with its bar at once (``_offer_dense``).
 SCAN = 64
+# The build's stored impacts for the default (k1, b) (``impacts.npy``, ``posting_levels``):
+# each posting's impact as a level q of this dtype standing for q · IMPACT_STEP, q the least
+# with q · IMPACT_STEP >= the impact (never 0: every impact is above 0). One byte a posting
+# instead of float32's four; the exhaustive path's margin grows to IMPACT_STEP times the sum
+# of the query's weights (``_approx_margin``) and its candidates are rescored exactly.
+IMPACT_DTYPE = np.uint8
+IMPACT_LEVELS = int(np.iinfo(IMPACT_DTYPE).max)
+IMPACT_STEP = 1.0 / IMPACT_LEVELS
 # A query's term ids (with repeats) are put in canonical order by insertion up to this many,
 # by sorts above (insertion is quadratic; a query of thousands of terms stays cheap).
 SMALL_SORT = 64
@@ -204,7 +212,7 @@ NO_BLOCKS = np.zeros((0, 10), dtype=np.int64)
 
 def impact_table(impacts: list[np.ndarray], dtype=np.float64) -> tuple[np.ndarray, list[np.ndarray]]:
     """(imeta, keep): the int64 [S, 2] (address, length) table of each shard's per-posting
-    impacts (`posting_impacts`, or float32 ones: `posting_impacts32`) for the
+    impacts (`posting_impacts`, or stored levels: `posting_levels`) for the
     exhaustive kernels; ``keep`` holds the arrays, which the caller keeps referenced."""
     imeta = np.zeros((len(impacts), 2), dtype=np.int64)
     keep = []
@@ -1115,8 +1123,8 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True, inline="always")
     def _impacts32_of(imeta32, s):
-        """Shard s's stored float32 impacts from ``imeta32`` (``impact_table(..., np.float32)``)."""
-        return _view(imeta32, s, 0, np.float32)
+        """Shard s's stored quantized impacts from ``imeta32`` (``impact_table(..., IMPACT_DTYPE)``)."""
+        return _view(imeta32, s, 0, IMPACT_DTYPE)
 
     @njit(cache=_CACHE, nogil=True, inline="always")
     def _is_dense(indptr, local, nd, dense_min):
@@ -1152,7 +1160,8 @@ if HAVE_NUMBA:
         list costs a store per posting whose address waits on the accumulator's load, so a
         query with about as many postings as the shard has documents pays more for it than
         for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
-        bits as the grid's) or float32 (stored; approximate sums, rescored after); empty:
+        bits as the grid's) or stored levels (``IMPACT_DTYPE``, the weights scaled by
+        ``IMPACT_STEP``: approximate sums, rescored after); empty:
         from the grid. Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
         at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
         stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
@@ -1234,24 +1243,36 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _approx_keep(T):
-        """The factor c such that a document whose approximate score (float32 impacts summed
-        in float64, ``T`` terms, positive weights) is below c times the k-th largest
-        approximate score cannot be in the exact top k. Each stored impact is within 2^-24
-        (relative) of its float64 value and each of the two sums rounds T times at 2^-53,
-        so both sums lie within delta = 2^-24 + 3·T·2^-53 of each other, relative; delta is
-        taken twice that. k documents approximate at least theta, so the exact k-th score is
-        at least theta / (1 + delta), and a document that reaches it approximates at least
-        theta · (1 - delta) / (1 + delta)."""
-        delta = 2.0 ** -23 + (T + 1) * 2.0 ** -50
+        """The factor c of the float rounding in an approximate pass over ``T`` terms:
+        each weight times ``IMPACT_STEP`` rounds once and each of the approximate and the
+        exact sums rounds T times at 2^-53, so both lie within delta = (T + 1)·2^-52
+        (relative, taken twice over) of their real values, and c = (1 - delta)/(1 + delta).
+        `_approx_margin` says how it is used."""
+        delta = (T + 1) * 2.0 ** -50
         return (1.0 - delta) / (1.0 + delta)
 
     @njit(cache=_CACHE, nogil=True)
-    def _approx_compact(av, ad, n, bar, k, c):
-        """Raise ``bar`` to ``c`` times the k-th largest of ``av[:n]`` and keep, in place,
-        the entries at or above it (``_approx_keep``: none of the exact top k is dropped);
-        returns (n, bar)."""
+    def _approx_margin(weights):
+        """The absolute part of the approximate pass's bar: ``IMPACT_STEP`` times the sum of
+        the (positive) weights, rounded up.
+
+        The bound: a stored impact q stands for q·STEP, and the build chose q as the least
+        with q·STEP >= the impact (``_quantize``), so each term adds at least its exact share
+        and less than w·STEP more. Summed over a document's terms, its approximate score A
+        and its exact score E (real arithmetic) satisfy E <= A < E + M, M = STEP·Σw. k
+        documents approximate at least theta, so the exact k-th score is above theta - M, and
+        a document of the exact top k approximates at least that. With the float rounding
+        of both sums (`_approx_keep`'s c) a document below ``c² · theta - M`` cannot be in the
+        exact top k; those at or above it are rescored exactly."""
+        return IMPACT_STEP * weights.sum() * (1.0 + 2.0 ** -40)
+
+    @njit(cache=_CACHE, nogil=True)
+    def _approx_compact(av, ad, n, bar, k, c, margin):
+        """Raise ``bar`` to ``c`` times the k-th largest of ``av[:n]`` less ``margin``
+        and keep, in place, the entries at or above it (`_approx_margin`: none of the
+        exact top k is dropped); returns (n, bar)."""
         if n >= k:
-            bar = max(bar, _kth_vals(av, n, k, 0.0) * c)
+            bar = max(bar, _kth_vals(av, n, k, 0.0) * c - margin)
         j = 0
         for i in range(n):
             if av[i] >= bar:
@@ -1261,7 +1282,7 @@ if HAVE_NUMBA:
         return j, bar
 
     @njit(cache=_CACHE, nogil=True)
-    def _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c):
+    def _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c, margin):
         """Append (approximate score, docno ``base | id``) of each document at or above
         ``bar`` (positive) to the candidate buffer ``av, ad`` from entry ``j`` on: every
         document of the shard where ``m < 0`` (``acc`` read in order, ``SCAN`` at a time as
@@ -1286,20 +1307,20 @@ if HAVE_NUMBA:
                     ad[n] = base | np.int64(d)
                     n += 1
                     if n == cap:
-                        n, bar = _approx_compact(av, ad, n, bar, k, c)
+                        n, bar = _approx_compact(av, ad, n, bar, k, c, margin)
                         if 2 * n > cap:
                             return x + 1, n, bar
             j = j1
         return end, n, bar
 
     @njit(cache=_CACHE, nogil=True)
-    def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c):
+    def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c, margin):
         """`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
         leaves ``acc`` zeroed; returns (av, ad, n, bar)."""
         j = 0
         end = acc.shape[0] if m < 0 else m
         while True:
-            j, n, bar = _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c)
+            j, n, bar = _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c, margin)
             if j >= end:
                 if m < 0:
                     acc[:] = 0.0
@@ -1366,14 +1387,18 @@ if HAVE_NUMBA:
     @njit(cache=_CACHE, nogil=True)
     def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab, cap, gids,
                        weights, k):
-        """``search_shards_plain`` over stored float32 impacts (positive weights): every
-        shard's approximate scores into one candidate buffer whose bar is ``_approx_keep``
-        times its k-th best, then the survivors (the k best and their near-ties) rescored
-        exactly (``_rescore_shard``) and ranked: the same documents and bits as exhaustive
-        float64 scoring, at 4 bytes a posting read instead of a tf, a length code and a
-        table cell. Returns (docnos, scores, fault)."""
+        """``search_shards_plain`` over the stored quantized impacts (positive weights):
+        every shard's approximate scores (each posting's ``IMPACT_DTYPE`` level times its
+        term's weight · ``IMPACT_STEP``, summed in float64) into one candidate buffer whose
+        bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
+        (the k best and their near-ties) rescored exactly (``_rescore_shard``) and ranked:
+        the same documents and bits as exhaustive float64 scoring, at one byte a posting
+        read instead of a tf, a length code and a table cell. Returns (docnos, scores, fault)."""
         local = np.empty(gids.shape[0], dtype=np.int64)
         c = _approx_keep(gids.shape[0])
+        c = c * c
+        margin = _approx_margin(weights)
+        qweights = weights * IMPACT_STEP
         av = np.empty(4 * k + 16)
         ad = np.empty(4 * k + 16, dtype=np.int64)
         n = 0
@@ -1389,17 +1414,19 @@ if HAVE_NUMBA:
             code = _view(meta, s, 5, code_proto.dtype)
             imp = _impacts32_of(imeta32, s)
             if _is_dense(indptr, local, nd, dense_min):
-                f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], imp)
+                f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], imp)
                 if f < 0:
                     return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
-                av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c)
+                av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c,
+                                               margin)
             else:
-                m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
+                m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], touched[:nd + 1],
                                 0, imp)
                 if m < 0:
                     return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
-                av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c)
-        n, bar = _approx_compact(av, ad, n, bar, k, c)
+                av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c,
+                                               margin)
+        n, bar = _approx_compact(av, ad, n, bar, k, c, margin)
         cand = np.sort(ad[:n])
         bv, br, bd, tv, tr = _new_top(k)
         nn = 0
@@ -1438,7 +1465,7 @@ if HAVE_NUMBA:
 
     @njit(cache=_CACHE, nogil=True)
     def _fill_impacts(docs, tfs, code, table, itab, out):
-        """Each posting's impact into ``out`` (float64, or rounded to float32 by the store);
+        """Each posting's impact into ``out`` (float64);
         0, or the ``FAULT_*`` of a posting whose document is outside ``code`` or whose tf is
         below 1 (every impact is then above 0, as the kernels that read them require)."""
         und = np.uint64(code.shape[0])
@@ -1464,11 +1491,42 @@ if HAVE_NUMBA:
         Raises ``errors.ShardFault`` at a document id outside ``code`` or a tf below 1."""
         return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
 
-    def posting_impacts32(docs, tfs, code, table, itab):
-        """`posting_impacts` rounded to float32 (the nearest float32 of each float64
-        impact): what the build stores (``impacts.npy``) for the exhaustive kernels'
-        approximate pass, whose candidates are then rescored exactly (``_rescore_shard``)."""
-        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=np.float32))
+    @njit(cache=_CACHE, nogil=True)
+    def _quantize(v):
+        """The least level q with q · IMPACT_STEP >= v (float64 compares), for v in (0, 1]:
+        at least 1, at most IMPACT_LEVELS (`_approx_margin` relies on both)."""
+        q = min(max(np.ceil(v * IMPACT_LEVELS), 1.0), float(IMPACT_LEVELS))
+        while q < IMPACT_LEVELS and q / IMPACT_LEVELS < v:
+            q += 1.0
+        while q > 1.0 and (q - 1.0) / IMPACT_LEVELS >= v:
+            q -= 1.0
+        return q
+
+    @njit(cache=_CACHE, nogil=True)
+    def _fill_levels(docs, tfs, code, table, itab, out):
+        """`_fill_impacts` with each impact stored as its level (`_quantize`)."""
+        und = np.uint64(code.shape[0])
+        ucap = np.uint64(itab.shape[0] // table.shape[0])
+        nt = np.uint64(table.shape[0])
+        for p in range(docs.shape[0]):
+            d = np.uint64(docs[p])
+            t = np.uint64(tfs[p])
+            if _bad_posting(d, und, t):
+                return _posting_fault(d, und)
+            out[p] = _quantize(_impact_u(t, np.uint64(code[d]), table, itab, ucap, nt))
+        return 0
+
+    def posting_levels(docs, tfs, code, table, itab):
+        """Each posting's impact (`posting_impacts`) as an ``IMPACT_DTYPE`` level
+        (`_quantize`): what the build stores (``impacts.npy``) for the exhaustive kernels'
+        approximate pass, whose candidates are then rescored exactly (``_rescore_shard``).
+        Raises ``errors.ShardFault`` as `posting_impacts` does."""
+        out = np.empty(docs.shape[0], dtype=IMPACT_DTYPE)
+        fault = _fill_levels(docs, tfs, code, table, itab, out)
+        if fault:
+            from .errors import ShardFault
+            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
+        return out
 
     @njit(cache=_CACHE, nogil=True)
     def _local_terms(term_gid, gids, local):
@@ -1618,7 +1676,7 @@ if HAVE_NUMBA:
         whose queries never reach the pruning threshold never compiles pruning at all
         (``BM25Retriever`` chooses). ``imeta`` (``impact_table``; ``NO_IMPACTS`` for none):
         each shard's per-posting impacts, read instead of computed where given. ``imeta32``
-        (``impact_table(..., np.float32)``; ``NO_IMPACTS`` for none): the stored float32
+        (``impact_table(..., IMPACT_DTYPE)``; ``NO_IMPACTS`` for none): the stored quantized
         impacts of the parameters in use, read (``_search_approx``) where there are no
         float64 ones, every weight is positive and the query has at least ``rescore_min``
         postings per (k, term) pair (the exact rescoring of about k candidates looks up each
@@ -2111,5 +2169,5 @@ else:
     block_maxima = None
     sira_batch = None
     posting_impacts = None
-    posting_impacts32 = None
+    posting_levels = None
     place_postings = None

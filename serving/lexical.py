@@ -8,7 +8,7 @@ Terms are scored in one canonical order (w·idf descending, then global term id)
 on every path, so a document's score is the same float sum whichever path computes it:
 the compiled kernel (``kernels.search_shards``: all shards in one call, MaxScore pruning
 when every weight is positive and the bounds promise enough skipping, else exhaustive
-scoring over the build's float32 impacts with the candidates rescored exactly) or the NumPy
+scoring over the build's one-byte impact levels with the candidates rescored exactly) or the NumPy
 reference (``ShardScorer.top_candidates`` per shard, then a merge), which runs where numba
 is absent or ``use_kernel`` is off.
 
@@ -60,7 +60,7 @@ IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Luc
 # An index with at most this many postings keeps each posting's impact (8 bytes a posting, so
 # at most 64 MB per (k1, b), for the last two in use): the exhaustive kernels then read one
 # float per posting instead of a tf, a length code and a grid cell. Larger indexes read the
-# build's float32 impacts for the default parameters (``_impacts32``: memory-mapped, rescored
+# build's one-byte impact levels for the default parameters (``_impacts32``: memory-mapped, rescored
 # exactly), and the grid for others.
 IMPACT_POSTINGS = 8_000_000
 
@@ -88,17 +88,20 @@ def block_maxima_key(avgdl: float) -> dict:
 
 def impacts_key(avgdl: float) -> dict:
     """What stored per-posting impacts were computed for: the default BM25 parameters, the
-    collection's avgdl and the dtype. Serving reads a shard's ``impacts.npy`` only when this
-    matches exactly, and only for the default parameters (an override computes its own)."""
+    collection's avgdl, the dtype and the quantization (each stored level q stands for
+    q / levels, ``kernels.IMPACT_LEVELS``). Serving reads a shard's ``impacts.npy`` only when
+    this matches exactly, and only for the default parameters (an override computes its own);
+    an index built before the levels (float32 impacts) matches no longer and is served
+    exactly from its tfs and length codes until rebuilt."""
     return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
-            "dtype": "float32"}
+            "dtype": np.dtype(kernels.IMPACT_DTYPE).name, "levels": int(kernels.IMPACT_LEVELS), "rounding": "up"}
 
 
 def default_impacts(docs, tfs, norms, avgdl: float) -> np.ndarray:
-    """``kernels.posting_impacts32`` of one shard for the default parameters, as the build
+    """``kernels.posting_levels`` of one shard for the default parameters, as the build
     stores them (``pipelines.postings.write_impacts``)."""
     den, itab = impact_tables(_DEFAULT, avgdl, 255)
-    return kernels.posting_impacts32(docs, tfs, norms, den, itab)
+    return kernels.posting_levels(docs, tfs, norms, den, itab)
 
 
 def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:
@@ -143,7 +146,7 @@ class BM25Retriever:
         # (bench/RESULTS.md, "Notes: figures moved from code comments"). 0 prunes wherever
         # the bounds allow (tests).
         self.prune_min_postings = PRUNE_MIN_POSTINGS
-        # The exhaustive kernels read the stored float32 impacts (``_impacts32``) and rescore
+        # The exhaustive kernels read the stored impact levels (``_impacts32``) and rescore
         # their candidates exactly where a query has at least this many postings per (k, term)
         # pair: the rescoring looks up each term once per candidate, about k of them, which a
         # query with fewer postings does not repay. 0: wherever stored (tests); -1: never.
@@ -289,7 +292,7 @@ class BM25Retriever:
         return imeta, self._impacts32(params), self.rescore_min_postings, self.dense_min_docs, keep
 
     def _impacts32(self, params: BM25Params) -> np.ndarray:
-        """``imeta32`` for the exhaustive kernels: every shard's stored float32 impacts
+        """``imeta32`` for the exhaustive kernels: every shard's stored impact levels
         (``impacts.npy``) where ``params`` are the default ones and every shard stored them for
         this collection's avgdl (``impacts_key``), else ``kernels.NO_IMPACTS``. Memory-mapped:
         their pages are the page cache's, shared by every process serving the index."""
@@ -301,7 +304,7 @@ class BM25Retriever:
                     want = impacts_key(self.index.avgdl)
                     stored = [s.stored_impacts for s in self.index.shards]
                     if stored and all(x is not None and x[0] == want for x in stored):
-                        self._impact32_args = kernels.impact_table([x[1] for x in stored], np.float32)
+                        self._impact32_args = kernels.impact_table([x[1] for x in stored], kernels.IMPACT_DTYPE)
                     else:
                         self._impact32_args = (kernels.NO_IMPACTS, [])
         return self._impact32_args[0]

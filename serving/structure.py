@@ -32,9 +32,11 @@ What is checked, per shard (``pipelines.postings`` describes the files):
   at 0, each term holding exactly ceil(postings / block) blocks, ending at the length of
   ``block_max`` and ``block_last``; ``term_max`` one per term, ``term_kth`` one per term
   and kept rank;
-- stored impacts (where present): ``impacts.npy`` float32, one per posting, each in (0, 1]
-  (a BM25 factor ``tf / (tf + denom)``; a NaN or a stray value would silently drop
-  documents from the exhaustive kernels' candidates);
+- stored impacts (where present): ``impacts.npy`` of the dtype ``impacts.json`` names, one
+  per posting: uint8 levels, each at least 1 (a level stands for level / 255, a BM25 factor
+  ``tf / (tf + denom)`` rounded up; a 0 would list a document twice in the exhaustive
+  kernels' touched list), or, from builds before the levels, float32 factors in (0, 1] (a NaN
+  or a stray value would silently drop documents from the exhaustive kernels' candidates);
 
 and for the version: the shards' documents add up to the manifest's ``n_docs``, the
 ``docs/ids.arrow`` ranks lie within [0, n_docs), and its doc_id strings are well formed.
@@ -175,17 +177,27 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
     if blocks is not None:
         _check_blocks(version_dir, shard_rel, blocks, indptr)
     if impacts is not None:
-        _check_impacts(version_dir, shard_rel, impacts[1], len(docs))
+        _check_impacts(version_dir, shard_rel, impacts, len(docs))
 
 
-def _check_impacts(version_dir: str, shard_rel: str, imp, n_postings: int) -> None:
+def _check_impacts(version_dir: str, shard_rel: str, impacts: tuple[dict, np.ndarray], n_postings: int) -> None:
     from funnel.pipelines.postings import IMPACT_FILE
     rel = f"{shard_rel}/{IMPACT_FILE}"
-    imp = _vector(version_dir, rel, imp, "f")
-    if imp.dtype != np.float32:
-        raise _fail(version_dir, rel, f"holds {imp.dtype}, expected float32")
+    key, imp = impacts
+    want = key.get("dtype") if isinstance(key, dict) else None
+    if want not in ("uint8", "float32"):
+        raise _fail(version_dir, f"{shard_rel}/impacts.json", f"names dtype {want!r}, expected 'uint8' "
+                                                               "(or 'float32' from an older build)")
+    imp = _vector(version_dir, rel, imp, "iuf")
+    if imp.dtype != np.dtype(want):
+        raise _fail(version_dir, rel, f"holds {imp.dtype}, expected {want} (impacts.json)")
     if len(imp) != n_postings:
         raise _fail(version_dir, rel, f"has {len(imp)} entries, docs.npy has {n_postings}: one impact per posting")
+    if want == "uint8":
+        if len(imp) and int(imp.min()) < 1:  # a level stands for level / 255: every impact is above 0
+            bad = int(np.argmin(imp))
+            raise _fail(version_dir, rel, f"holds level 0 at position {bad}: every impact level is at least 1")
+        return
     if len(imp) and not (float(imp.min()) > 0.0 and float(imp.max()) <= 1.0):  # NaN fails both
         bad = np.flatnonzero(~((imp > 0) & (imp <= 1)))[0]
         raise _fail(version_dir, rel, f"holds impact {float(imp[bad])} at position {int(bad)}, outside (0, 1]")

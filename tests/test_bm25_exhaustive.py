@@ -1,5 +1,5 @@
 """Oracles for the exhaustive BM25 kernels over many postings: the dense read-back (one scan
-of a shard's accumulator instead of a touched list), the stored float32 impacts with exact
+of a shard's accumulator instead of a touched list), the stored one-byte impact levels with exact
 rescoring of the candidates, and the per-query choice between block-max pruning and
 exhaustive scoring. Each must give the NumPy reference's documents, score bits and tie
 order; and the build must store the impacts serving reads, checked when an index opens."""
@@ -25,7 +25,7 @@ needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: o
 
 
 def _with_impacts(r):
-    """The in-memory index as a build leaves it: every shard's float32 impacts stored."""
+    """The in-memory index as a build leaves it: every shard's impact levels stored."""
     for s in r.index.shards:
         s.stored_impacts = (impacts_key(r.index.avgdl), default_impacts(s.docs, s.tfs, s.norms, r.index.avgdl))
     r.index.analyzer = Analyzer(AnalyzerConfig(stopwords=False, stemmer="none"))  # the fixture's plain words
@@ -55,11 +55,11 @@ def _rows(r, texts, k, params=None):
 @needs_numba
 @pytest.mark.parametrize("shards", [1, 3])
 def test_stored_impacts_rescored_give_the_references_answers(monkeypatch, shards):
-    """Float32 impacts summed, the candidates near the k-th rescored from their postings:
+    """Impact levels summed, the candidates near the k-th rescored from their postings:
     the same documents, bits and tie order as the reference, per query and in a batch, for
     queries dense enough to be read back by a scan and sparse ones read from touched lists,
     for k from 1 to past the candidate buffer (which must grow on runs of exact ties)."""
-    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)  # no float64 impacts: the float32 ones are read
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)  # no float64 impacts: the stored levels are read
     docs, ids, words = _corpus(seed=31, n=900, vocab=1500)
     r = _with_impacts(_index(docs, ids, shards))
     r.prune_min_postings = -1
@@ -143,31 +143,45 @@ def test_choosing_pruning_per_query_keeps_the_answers(monkeypatch, use_impacts):
 
 @needs_numba
 def test_approximate_candidates_keep_every_possible_top_k_document():
-    """``_approx_keep``'s margin covers the float32 rounding of every impact: for sums of
-    up to 200 terms, the exact k-th score's documents all approximate at least c times the
-    approximate k-th (the candidate bar), whatever the impacts' magnitudes."""
+    """``_approx_margin``'s bound covers the quantization of every impact: for sums of up
+    to 200 terms, impacts quantized as the build does (``_quantize``, levels rounded up)
+    and summed as the kernel does (weights times ``IMPACT_STEP``), the exact k-th score's
+    documents all approximate at least c² times the approximate k-th less the margin (the
+    candidate bar), whatever the weights' magnitudes; and the bar keeps few documents past
+    the exact top k on these sums (the margin is not vacuous)."""
     rng = np.random.default_rng(7)
+    quantize = np.vectorize(kernels._quantize)
+    extra = []
     for trial in range(200):
         T = int(rng.integers(1, 200))
         n = 300
         w = rng.random(T) * 10 ** rng.uniform(-3, 2)
         v = rng.random((n, T)) * (rng.random((n, T)) < 0.5)
+        v[v < 1e-6] = 0.0  # a posting's impact is above 0; absent terms add nothing
+        q = np.where(v > 0, quantize(np.where(v > 0, v, 0.5)), 0.0)
+        assert ((q >= 1) | (v == 0)).all() and (q <= kernels.IMPACT_LEVELS).all()
+        assert (q * kernels.IMPACT_STEP >= v).all() and ((q - 1) * kernels.IMPACT_STEP < v)[v > 0].all()
         exact = np.zeros(n)
         approx = np.zeros(n)
+        qw = w * kernels.IMPACT_STEP
         for i in range(T):  # in order, as the kernels add them
             exact += w[i] * v[:, i]
-            approx += w[i] * v[:, i].astype(np.float32).astype(np.float64)
+            approx += qw[i] * q[:, i]
         k = int(rng.integers(1, 50))
         kth_exact = np.sort(exact)[::-1][k - 1]
         kth_approx = np.sort(approx)[::-1][k - 1]
-        bar = kth_approx * kernels._approx_keep(T)
+        c = kernels._approx_keep(T)
+        bar = kth_approx * c * c - kernels._approx_margin(w)
         assert (approx[exact >= kth_exact] >= bar).all(), trial
+        extra.append(int((approx >= bar).sum()) - k)
+    assert np.median(extra) < 300 - 50  # most documents are still ruled out
 
 
 @needs_numba
 def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
-    """Every shard's ``impacts.npy`` is published and checksummed, holds the float32 of
-    each posting's float64 impact for the default parameters, and is what serving maps."""
+    """Every shard's ``impacts.npy`` is published and checksummed, holds each posting's
+    float64 impact for the default parameters as the least level at or above it (one byte a
+    posting), and is what serving maps."""
     ix = open_index(demo_index_4)
     b = ix.bm25
     den, itab = b._table(_DEFAULT)
@@ -175,9 +189,10 @@ def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
         rel = f"lexical/{shard_name(s)}"
         assert {f"{rel}/{IMPACT_FILE}", f"{rel}/{IMPACT_KEY_FILE}"} <= set(ix.index.manifest["files"])
         key, imp = load_impacts(os.path.join(ix.index.dir, rel))
-        assert key == impacts_key(ix.index.avgdl) and imp.dtype == np.float32
-        want = kernels.posting_impacts(shard.docs, shard.tfs, shard.norms, den, itab).astype(np.float32)
-        assert np.array_equal(imp, want)
+        assert key == impacts_key(ix.index.avgdl) and imp.dtype == np.uint8 and key["dtype"] == "uint8"
+        exact = kernels.posting_impacts(shard.docs, shard.tfs, shard.norms, den, itab)
+        level = imp.astype(np.float64)
+        assert (level >= 1).all() and (level / 255 >= exact).all() and ((level - 1) / 255 < exact).all()
     assert b._impacts32(_DEFAULT).shape == (ix.index.n_shards, 2)
     mapped = {int(a.ctypes.data) for a in b._impact32_args[1]}
     assert mapped == {int(s.stored_impacts[1].ctypes.data) for s in ix.index.shards}
@@ -188,9 +203,9 @@ def test_damaged_impacts_are_refused_at_open(demo_index_1, tmp_path):
     """An ``impacts.npy`` of the wrong length, dtype or values stops the open with an error
     naming the file."""
     import shutil
-    for bad, words in ((lambda a: a[:-1], "one impact per posting"), (lambda a: a.astype(np.float64), "float32"),
-                       (lambda a: np.where(np.arange(len(a)) == 3, np.float32("nan"), a), "outside (0, 1]"),
-                       (lambda a: a * np.float32(2), "outside (0, 1]")):
+    for bad, words in ((lambda a: a[:-1], "one impact per posting"), (lambda a: a.astype(np.float64), "uint8"),
+                       (lambda a: a.astype(np.uint16), "expected uint8"),
+                       (lambda a: np.where(np.arange(len(a)) == 3, np.uint8(0), a), "level 0 at position 3")):
         root = tmp_path / f"ix{len(os.listdir(tmp_path))}"
         shutil.copytree(demo_index_1, root)
         ix = open_index(str(root))
@@ -201,3 +216,51 @@ def test_damaged_impacts_are_refused_at_open(demo_index_1, tmp_path):
         with pytest.raises(IndexFormatError) as e:
             open_index(str(root), verify="none")
         assert IMPACT_FILE in str(e.value) and words in str(e.value)
+
+
+@needs_numba  # the build stores impacts only where numba computes them
+def test_an_index_with_float32_impacts_from_an_older_build_opens_and_answers_exactly(demo_index_1, tmp_path,
+                                                                                   monkeypatch):
+    """Format versioning: an index built before the one-byte levels holds float32 impacts
+    (``impacts.json`` dtype float32). It still opens (its impacts checked), never reads them
+    (they are not levels) and answers every query as the NumPy reference, from its tfs and
+    length codes; a float32 file that is out of range is still refused at the open."""
+    import json
+    import shutil
+    root = tmp_path / "old"
+    shutil.copytree(demo_index_1, root)
+    ix = open_index(str(root))
+    den, itab = ix.bm25._table(_DEFAULT)
+    for s, shard in enumerate(ix.index.shards):  # rewrite each shard as the older build wrote it
+        d = os.path.join(ix.index.dir, "lexical", shard_name(s))
+        old = kernels.posting_impacts(shard.docs, shard.tfs, shard.norms, den, itab).astype(np.float32)
+        os.remove(os.path.join(d, IMPACT_FILE))
+        np.save(os.path.join(d, IMPACT_FILE), old)
+        key = {**impacts_key(ix.index.avgdl), "dtype": "float32"}
+        for k in ("levels", "rounding"):
+            key.pop(k)
+        with open(os.path.join(d, IMPACT_KEY_FILE), "w") as f:
+            json.dump(key, f)
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)  # as a large index: no float64 impacts in memory
+    old_ix = open_index(str(root), verify="none")
+    b = old_ix.bm25
+    assert all(s.stored_impacts[1].dtype == np.float32 for s in old_ix.index.shards)
+    assert b._impacts32(_DEFAULT).shape == (0, 2)  # not levels: never summed
+    b.prune_min_postings, b.rescore_min_postings, b.dense_min_docs = -1, 0, 0
+    vocab, df = old_ix.index.vocab, old_ix.index.df
+    common = sorted(vocab, key=lambda t: (-int(df[vocab[t]]), t))[:12]  # the most postings: dense, tied
+    texts = {f"{i}-{n}": " ".join(common[i:i + n]) for i in range(6) for n in (1, 3, 6)}
+    for s in old_ix.index.shards:
+        s.use_kernel = False
+    want = old_ix.search_batch(texts, k=10)
+    for s in old_ix.index.shards:
+        s.use_kernel = True
+    assert sum(len(v) == 10 for v in want.values()) >= 12
+    assert old_ix.search_batch(texts, k=10) == want
+    path = os.path.join(old_ix.index.dir, "lexical", shard_name(0), IMPACT_FILE)
+    arr = np.load(path) * np.float32(2)
+    os.remove(path)
+    np.save(path, arr)
+    with pytest.raises(IndexFormatError) as e:
+        open_index(str(root), verify="none")
+    assert IMPACT_FILE in str(e.value) and "outside (0, 1]" in str(e.value)

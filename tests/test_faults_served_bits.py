@@ -296,7 +296,7 @@ def _paths(ix, k: int):
             out.append(((shard.astype(np.int64) << 32) | (p - off[shard]), sc[i, :cnt[i]]))
         return out
 
-    def stored32():  # the build's float32 impacts, rescored exactly (an index past IMPACT_POSTINGS)
+    def stored32():  # the build's one-byte impact levels, rescored exactly (an index past IMPACT_POSTINGS)
         old = lexical.IMPACT_POSTINGS
         lexical.IMPACT_POSTINGS = 0
         try:
@@ -328,7 +328,7 @@ def _paths(ix, k: int):
         ("pruned-term-bounds", lambda: one(retriever(prune_min_postings=0), BM25Params(k1=1.2, b=0.5))),
         ("exact-lengths", lambda: one(retriever(prune_min_postings=0), BM25Params(length_norm="exact"))),
         ("negative-weight", lambda: [retriever().search_arrays({"river": 1.0, "stone": -0.5}, k)]),
-        ("stored-float32", stored32),
+        ("stored-levels", stored32),
         ("masked-auto", lambda: masked_runs("auto")),
         ("masked-candidates", lambda: masked_runs("candidates")),
         ("masked-blocks", lambda: masked_runs("blocks")),
@@ -472,8 +472,8 @@ def _trials(root: str, out: str, seed: int, n: int) -> None:
 #: (file, value, how the query reads it) of the targeted cases: the value is written at the
 #: second posting of TERM in shard 0 (its first index entry for indptr / block_start).
 TARGETED = [("docs.npy", -5, "pruned"), ("docs.npy", 2**31 - 1, "exhaustive"), ("indptr.npy", -1, "exhaustive"),
-            ("tfs.npy", 0, "pruned"), ("tfs.npy", -3, "other-k1"), ("impacts.npy", 0.0, "stored-float32"),
-            ("impacts.npy", float("nan"), "stored-float32"), ("block_start.npy", 1 << 40, "pruned"),
+            ("tfs.npy", 0, "pruned"), ("tfs.npy", -3, "other-k1"), ("impacts.npy", 0, "stored-levels"),
+            ("block_start.npy", 1 << 40, "pruned"),
             ("block_start.npy", 1 << 40, "masked")]
 
 
@@ -490,7 +490,7 @@ def _targeted_query(ix, how: str, k: int) -> None:
         bm.search_arrays({TERM: 1.0}, k)
     elif how == "other-k1":  # impacts computed from the tfs
         bm.search_arrays({TERM: 1.0}, k, BM25Params(k1=1.4))
-    elif how == "stored-float32":
+    elif how == "stored-levels":
         old = lexical.IMPACT_POSTINGS
         lexical.IMPACT_POSTINGS = 0
         try:
