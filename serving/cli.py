@@ -378,7 +378,23 @@ def cmd_search(a) -> int:
         print(json.dumps(res.to_dict(), ensure_ascii=False, indent=2))
     else:
         print_hits(res)
+        print_page(res, a.k)
     return 0
+
+
+def print_page(res, k: int) -> None:
+    """Where this page of hits stands in the whole ranking, on stderr, as `funnel list`
+    says it: ``(hits 4-6 of 16 documents; next page: --offset 6)``; ``at least`` where the
+    total is a lower bound (``serving.paging``)."""
+    if not res.hits:
+        return
+    total = res.total or {}
+    value, lower = total.get("value"), total.get("relation") == "gte"
+    last = res.offset + len(res.hits)
+    of = f" of {'at least ' if lower else ''}{value:,} documents" if isinstance(value, int) else ""
+    more = len(res.hits) == k and (lower or (isinstance(value, int) and value > last))
+    nxt = f"; next page: --offset {last}" if more else ""
+    print(f"(hits {res.offset + 1}-{last}{of}{nxt})", file=sys.stderr)
 
 
 # -- the other commands --------------------------------------------------------------------

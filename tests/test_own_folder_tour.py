@@ -240,7 +240,8 @@ def test_a_pdf_citation_names_its_page_everywhere(tour, ix, http):
     assert "narwhal" in whole[cli["start"]:cli["end"]]
     # The text names the citation's lines, first page and range (CLI and MCP alike).
     text = funnel("search", "ix", "narwhal bearing", "--k", "1", cwd=work).stdout
-    head = re.compile(r"\[manual\.pdf\] Pump Manual \[lines (\d+)-(\d+), pages? (\d+)(?:-\d+)?, start=(\d+), end=(\d+)\]")
+    head = re.compile(r"\[manual\.pdf\] Pump Manual "
+                      r"\[lines (\d+)-(\d+), pages? (\d+)(?:-\d+)?, start=(\d+), end=(\d+)\]")
     for shown in (text, over_mcp.content[0].text):
         m = head.search(shown)
         assert m and [int(x) for x in m.groups()] == \
@@ -262,8 +263,9 @@ def test_offset_pages_through_the_ranking_with_a_total(tour, ix, http):
     for res in (page, over_http, over_mcp.structured_content):
         assert [h["doc_id"] for h in res["hits"]] == every[3:6] and [h["rank"] for h in res["hits"]] == [4, 5, 6]
         assert res["total"] == {"value": len(HARBOR), "relation": "eq"} and res["offset"] == 3
-    text = funnel("search", "ix", "harbor", "--k", "3", "--offset", "3", cwd=work).stdout
-    assert f"\n4. [{every[3]}]" in text and "\n1. [" not in text
+    text = funnel("search", "ix", "harbor", "--k", "3", "--offset", "3", cwd=work)
+    assert f"\n4. [{every[3]}]" in text.stdout and "\n1. [" not in text.stdout
+    assert text.stderr.strip() == f"(hits 4-6 of {len(HARBOR)} documents; next page: --offset 6)"
     # Past the bound: a clear error naming it, over each front end.
     bad = funnel("search", "ix", "harbor", "--k", "10", "--offset", "995", cwd=work, ok=False)
     assert bad.returncode == 2 and "offset + k is 1005; at most 1000" in bad.stderr
