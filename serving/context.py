@@ -179,9 +179,9 @@ def u_shape(passages: list[Passage]) -> list[Passage]:
 def pack_ranked(passages: list[Passage], budget_tokens: int,
                 count_tokens: Callable[[str], int] = approx_tokens,
                 min_truncated_tokens: int = MIN_TRUNCATED_TOKENS) -> list[Passage]:
-    """:func:`pack_context` for passages already in priority order (best first): each is taken
+    """`pack_context` for passages already in priority order (best first): each is taken
     while the merged selection stays within ``budget_tokens``, the first that does not fit is
-    cut to what is left and packing stops. Unlike :func:`pack_context`, which merges first and
+    cut to what is left and packing stops. Unlike `pack_context`, which merges first and
     cuts a merged span from its start, a passage is never lost behind the neighbours it merges
     with."""
     if budget_tokens < 0:
