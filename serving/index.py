@@ -717,8 +717,10 @@ class VersionFollower(Generic[T]):
             try:
                 opened = self._open(name)  # leased from here on: gc leaves it alone
                 verify_version(vdir, "full")
+                damage = self._prepare(name, opened)
+                if damage is not None:
+                    raise IndexFormatError(f"{damage[0]} {damage[1]} (found by its warm-up)")
                 self._watch(vdir, opened)
-                self._prepare(name, opened)
                 return vdir, opened
             except (IndexFormatError, OSError) as e:
                 log.error("cannot fall back to %s: %s", name, e)
@@ -729,21 +731,24 @@ class VersionFollower(Generic[T]):
                     getattr(opened, "close", lambda: None)()
         return None
 
-    def _prepare(self, name: str, opened: T) -> None:
-        """Run `prepare` on a version about to serve; its seconds go to ``warmed``."""
+    def _prepare(self, name: str, opened: T) -> tuple[str, str] | None:
+        """Run `prepare` on a version about to serve (its seconds go to ``warmed``); the
+        (file, reason) of damage its queries found (``IndexVersion.damage``), else None."""
         prepare = self.prepare
         if prepare is None:
-            return
+            return None
         t = time.perf_counter()
         try:
             prepare(opened)
         except Exception as e:  # noqa: BLE001 - a cold version still answers correctly
             log.warning("warming version %s failed (%s: %s); it serves cold", name, type(e).__name__, e)
-            return
-        self.warmed[name] = round(time.perf_counter() - t, 3)
-        while len(self.warmed) > 16:  # the latest versions only: a long-lived server publishes many
-            del self.warmed[next(iter(self.warmed))]
-        log.info("warmed version %s in %.2fs before serving it", name, self.warmed[name])
+        else:
+            self.warmed[name] = round(time.perf_counter() - t, 3)
+            while len(self.warmed) > 16:  # the latest versions only: a long-lived server publishes many
+                del self.warmed[next(iter(self.warmed))]
+            log.info("warmed version %s in %.2fs before serving it", name, self.warmed[name])
+        ix = opened if isinstance(opened, IndexVersion) else getattr(opened, "index", None)
+        return ix.damage if isinstance(ix, IndexVersion) else None
 
     def refresh(self) -> bool:
         """Switch to the version CURRENT names if it opens (and, with `prepare`, once it is
@@ -772,8 +777,19 @@ class VersionFollower(Generic[T]):
                 self._failed = (key, self._clock())
                 self._degrade(str(e))
                 return False
+            # Warmed before it serves, and before _watch: a warm-up query that finds damage must
+            # not call quarantine() under this lock; the damage it found is read from the version.
+            damage = self._prepare(os.path.basename(target), opened)
+            if damage is not None:
+                file, reason = damage
+                self._damaged[os.path.normpath(target)] = (
+                    {"version": os.path.basename(target), "file": file, "reason": reason,
+                     "since": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                    _file_key(os.path.join(target, file)))
+                self._degrade(f"version {os.path.basename(target)} is damaged: {file} {reason} (found by its warm-up)")
+                getattr(opened, "close", lambda: None)()
+                return False
             self._watch(target, opened)
-            self._prepare(os.path.basename(target), opened)  # warm before it serves
             old = self.version
             self.current, self._dir, self._failed = opened, target, None
             self._status = self._ok_status()

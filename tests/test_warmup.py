@@ -95,3 +95,30 @@ def test_mcp_server_warms_through_a_client_session(dense_root):
         rec = warm_server(ix, lambda: warm_mcp(server, ix))
         assert rec["requests"] == 3 and rec["embedder_s"] > 0
         assert ix.follower.current.dense_mode._dense is not None
+
+
+def test_damage_a_warm_up_finds_keeps_the_new_version_out_of_service(dense_root):
+    """A warm-up query that finds a file damaged (``IndexVersion.damaged``, what the BM25 kernels
+    call on an impossible value) does not wait on the follower it is warming for (the switch
+    holds its lock): the version is not served, the one before it keeps answering, and status
+    says why."""
+    import threading
+
+    from funnel.jobs.build_index import build
+    root, tmp = dense_root
+    with open_index(root) as searcher:
+        first = searcher.version
+
+        def finds_damage(v):
+            v.index.damaged("manifest.json", "holds an impossible value")
+
+        searcher.follower.prepare = finds_damage
+        build(_corpus(tmp / "c2.jsonl", 45, shift=5), root, shards=1, dense=True, engine="local")
+        t = threading.Thread(target=lambda: setattr(t, "switched", searcher.refresh()), daemon=True)
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive() and t.switched is False
+        assert searcher.version == first and searcher.search("storm", mode="bm25", k=3).hits
+        st = searcher.status()
+        assert st["state"] == "degraded" and "found by its warm-up" in st["reason"]
+        assert not searcher.refresh()  # not tried again while the file is unchanged
