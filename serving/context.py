@@ -22,6 +22,7 @@ its length; pass a real tokenizer's counter for exactness.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import re
@@ -178,47 +179,56 @@ def u_shape(passages: list[Passage]) -> list[Passage]:
 
 def pack_ranked(passages: list[Passage], budget_tokens: int,
                 count_tokens: Callable[[str], int] = approx_tokens,
-                min_truncated_tokens: int = MIN_TRUNCATED_TOKENS) -> list[Passage]:
+                min_truncated_tokens: int = MIN_TRUNCATED_TOKENS, max_chars: int | None = None) -> list[Passage]:
     """`pack_context` for passages already in priority order (best first): each is taken
     while the merged selection stays within ``budget_tokens``, the first that does not fit is
     cut to what is left and packing stops. Unlike `pack_context`, which merges first and
     cuts a merged span from its start, a passage is never lost behind the neighbours it merges
-    with."""
+    with. ``max_chars``: packing also stops once the selection holds that many characters
+    (what an answer can show, ``bounds.MAX_ANSWER_CHARS``), whatever the token budget."""
     if budget_tokens < 0:
         raise ValueError(f"budget_tokens must be >= 0, got {budget_tokens}")
-    chosen: list[Passage] = []
-    # Merging only joins spans of one document, so a new passage changes the cost of its own
-    # document's spans alone: keep each document's passages and cost, and re-merge only that
-    # one (re-merging the whole selection per passage was quadratic in the selection's text).
-    by_doc: dict[str, list[Passage]] = {}
-    doc_cost: dict[str, int] = {}
-    used = 0
+    # Each document's selection is kept merged (sorted, disjoint spans, each with its cost).
+    # A new passage merges only with the spans within MERGE_GAP of it, a contiguous run found
+    # by bisection, so taking one costs its merged span's counting, not a re-merge of the
+    # document's whole selection (quadratic: thousands of passages of one huge text took
+    # 40 s).
+    docs: dict[str, tuple[list[int], list[int], list[Passage], list[int]]] = {}
+    used = chars = 0
 
-    def cost_with(q: Passage) -> int:
-        own = sum(count_tokens(x.text) for x in merge_passages(by_doc.get(q.doc_id, []) + [q]))
-        return used - doc_cost.get(q.doc_id, 0) + own
+    def with_(q: Passage) -> tuple[int, int, Passage, int]:
+        """(lo, hi, the merged span, the selection's cost with it): q merges with spans[lo:hi]."""
+        starts, ends, ps, costs = docs.get(q.doc_id) or ([], [], [], [])
+        lo = bisect.bisect_left(ends, q.start - MERGE_GAP)
+        hi = bisect.bisect_right(starts, q.end + MERGE_GAP)
+        merged = merge_passages(ps[lo:hi] + [q])[0] if hi > lo else q
+        return lo, hi, merged, used - sum(costs[lo:hi]) + count_tokens(merged.text)
 
-    def take(q: Passage, cost: int) -> None:
-        nonlocal used
-        chosen.append(q)
-        by_doc.setdefault(q.doc_id, []).append(q)
-        doc_cost[q.doc_id] = cost - (used - doc_cost.get(q.doc_id, 0))
+    def take(q: Passage) -> bool:
+        """Take q if the selection stays within the budget."""
+        nonlocal used, chars
+        lo, hi, merged, cost = with_(q)
+        if cost > budget_tokens:
+            return False
+        starts, ends, ps, costs = docs.setdefault(q.doc_id, ([], [], [], []))
+        chars += len(merged.text) - sum(len(p.text) for p in ps[lo:hi])
+        starts[lo:hi], ends[lo:hi], ps[lo:hi] = [merged.start], [merged.end], [merged]
+        costs[lo:hi] = [cost - (used - sum(costs[lo:hi]))]
         used = cost
+        return True
 
     for p in passages:
-        cost = cost_with(p)
-        if cost <= budget_tokens:
-            take(p, cost)
+        if max_chars is not None and chars >= max_chars:
+            break
+        if take(p):
             continue
         left = budget_tokens - used
         if left >= min_truncated_tokens:
             text = truncate_to_budget(p.text, left, count_tokens).rstrip()
             if text and count_tokens(text) >= min_truncated_tokens:
-                cut = replace(p, end=p.start + len(text), text=text)
-                cost = cost_with(cut)
-                if cost <= budget_tokens:
-                    take(cut, cost)
+                take(replace(p, end=p.start + len(text), text=text))
         break
+    chosen = [p for _, _, ps, _ in docs.values() for p in ps]  # merged already: pack_context keeps them
     return pack_context(chosen, budget_tokens, count_tokens, min_truncated_tokens=min_truncated_tokens)
 
 

@@ -643,9 +643,10 @@ class VersionSearcher:
                 # passage of megabytes) costs what the answer can show.
                 b = min(b, a + bounds.MAX_PASSAGE_CHARS)
                 passages.append(Passage(ids[d.docno], a, b, d.text[a:b], priority))
+        # A token is at least one character: no budget above MAX_ANSWER_CHARS tokens can show more.
         budget = min(budget, bounds.MAX_ANSWER_CHARS)
         return [{"doc_id": p.doc_id, "start": p.start, "end": p.end, "score": p.score, "text": p.text}
-                for p in pack_ranked(passages, budget)]
+                for p in pack_ranked(passages, budget, max_chars=bounds.MAX_ANSWER_CHARS)]
 
     def _bm25_params(self, options: dict) -> BM25Params:
         d = self.index.manifest.get("bm25", {})

@@ -125,3 +125,39 @@ def test_pack_ranked_keeps_the_best_passage_whole_and_the_budget(raw, budget):
     first = ps[0]
     if approx_tokens(first.text) <= budget:
         assert any(p.start <= first.start and first.end <= p.end for p in out)
+
+
+def _pack_ranked_by_remerging(passages, budget):
+    """What pack_ranked computes, by re-merging a document's whole selection for every
+    passage (the quadratic way it was written first): the reference for the incremental one."""
+    from dataclasses import replace
+    chosen = []
+
+    def cost(sel):
+        return sum(approx_tokens(p.text) for p in merge_passages(sel))
+
+    for p in passages:
+        if cost(chosen + [p]) <= budget:
+            chosen.append(p)
+            continue
+        left = budget - cost(chosen)
+        if left >= 8:
+            text = truncate_to_budget(p.text, left, approx_tokens).rstrip()
+            if text and approx_tokens(text) >= 8:
+                cut = replace(p, end=p.start + len(text), text=text)
+                if cost(chosen + [cut]) <= budget:
+                    chosen.append(cut)
+        break
+    return pack_context(chosen, budget)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 600), st.integers(1, 120),
+                          st.floats(0, 1, allow_nan=False)), min_size=1, max_size=25),
+       st.integers(0, 400))
+def test_pack_ranked_merges_incrementally_as_a_whole_re_merge_would(raw, budget):
+    """Passages of three documents, overlapping, touching (MERGE_GAP apart) or apart, in
+    priority order: the incremental merge packs exactly what re-merging the selection does."""
+    doc = " ".join(f"w{i}." for i in range(200))
+    ps = [Passage(d, a, min(len(doc), a + n), doc[a:min(len(doc), a + n)], score) for d, a, n, score in raw]
+    assert pack_ranked(ps, budget) == _pack_ranked_by_remerging(ps, budget)
