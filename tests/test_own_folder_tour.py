@@ -398,3 +398,21 @@ def test_results_are_plain_data_and_mcp_names_its_version(ix):
     async def info(c):
         return c.server_info
     assert with_client(build_mcp_server(ix), info).version == importlib.metadata.version("funnel") != ""
+
+
+def test_the_cli_page_line_for_a_lower_bound_and_a_last_page(capsys):
+    """``funnel search``'s stderr line (``cli.print_page``) over results as a search returns
+    them: a lower-bound total says 'at least' and offers the next page; the last page offers none."""
+    from funnel.serving.cli import print_page
+    from funnel.serving.result import Hit, SearchResult
+
+    def page(n_hits: int, offset: int, total: dict) -> str:
+        hits = tuple(Hit(doc_id=f"d{i}", rank=offset + i + 1, score=1.0) for i in range(n_hits))
+        print_page(SearchResult("q", "bm25", "", hits, total=total, offset=offset), 3)
+        return capsys.readouterr().err.strip()
+
+    assert page(3, 3, {"value": 1200, "relation": "gte"}) == \
+        "(hits 4-6 of at least 1,200 documents; next page: --offset 6)"
+    assert page(2, 3, {"value": 5, "relation": "eq"}) == "(hits 4-5 of 5 documents)"
+    assert page(3, 3, {"value": 6, "relation": "eq"}) == "(hits 4-6 of 6 documents)"
+    assert page(0, 9, {"value": 6, "relation": "eq"}) == ""
