@@ -355,15 +355,6 @@ def _export_locked(model_path: str, precision: str, final: str, target: str) -> 
 # -- run (no torch) ----------------------------------------------------------------------------
 
 _SESSIONS: dict[tuple, object] = {}
-
-
-def cpu_count() -> int:
-    """Cores this process may run on (its CPU affinity; ``os.cpu_count`` where that is unknown)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
 _SESSIONS_LOCK = threading.Lock()
 
 
@@ -444,10 +435,9 @@ class OnnxEncoder:
         An export (`ensure_exported`).
     precision : {"fp32", "int8"}
     threads : int
-        onnxruntime intra-op threads per text; 0 (documents' default): texts run concurrently,
-        one per core (`cpu_count`), each on one intra-op thread of one shared session. ``run``
-        and ``encode`` take another count per call. A session per count is made on first use,
-        so a process that only embeds queries holds one copy of the weights.
+        onnxruntime intra-op threads (0: its default, one per core); ``run`` and ``encode`` take
+        another count per call. A session per count is made on first use, so a process that
+        only embeds queries holds one copy of the weights.
 
     Texts run one per call, never batched. On a CPU that is the faster way: a batch's
     activations (64 passages of 256 word pieces: ~100 MB in the feed-forward layers) leave the
@@ -456,13 +446,6 @@ class OnnxEncoder:
     own range, so in a batch a text's vector would depend on the texts (and padding) beside it
     (cosine 0.990 between two batchings of the same SciFact abstracts) and a document's vector
     would differ from the same text's as a query.
-
-    Why one intra-op thread per text, and texts side by side, at the default: one text is too
-    small a job to split well (the threads meet at a barrier after every operator), so two
-    intra-op threads embedded 8% fewer passages per CPU second than one (bench_cpu_embed.py),
-    while concurrent texts never wait on each other (onnxruntime releases the GIL). The vectors
-    are the same bit for bit whatever the thread count (a text's arithmetic does not depend on
-    it), so documents and queries (one thread) agree exactly.
     """
 
     def __init__(self, directory: str, precision: str, threads: int, meta: dict | None = None):
@@ -474,39 +457,18 @@ class OnnxEncoder:
         self.tokenize = DocumentTokenizer(self.tokenizer_json, self.meta["max_length"], self.meta["truncation_side"],
                                           self.meta["pad_id"])
         self.modes = list(self.meta["pooling"])
-        self._pool = None  # threads for texts side by side (threads=0), made on first use
 
     def run(self, ids: np.ndarray, lengths: np.ndarray, threads: int | None = None) -> np.ndarray:
         """Token ids ``(n, max_length)`` and lengths -> ``(n, dim)`` pooled vectors, in input
         order, one text per onnxruntime call (see the class docstring)."""
-        threads = self.threads if threads is None else int(threads)
+        session = _session(self.path, self.threads if threads is None else threads)
         lengths = np.asarray(lengths, dtype=np.int64)
         out = np.zeros((len(lengths), int(self.meta["dim"])), dtype=np.float32)
-        workers = min(cpu_count(), len(lengths)) if threads == 0 else 1
-        session = _session(self.path, 1 if threads == 0 else threads)
-
-        def embed(rows: range) -> None:
-            for i in rows:
-                n = max(1, int(lengths[i]))
-                x = np.ascontiguousarray(ids[i:i + 1, :n], dtype=np.int64)
-                h = session.run(None, {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
-                out[i] = pool(h, lengths[i:i + 1], self.modes)[0]
-
-        if workers <= 1:
-            embed(range(len(lengths)))
-            return out
-        # Each worker takes every workers-th text: long and short texts spread evenly.
-        for f in [self._executor().submit(embed, range(w, len(lengths), workers)) for w in range(workers)]:
-            f.result()
+        for i, n in enumerate(lengths.tolist()):
+            x = np.ascontiguousarray(ids[i:i + 1, :max(1, n)], dtype=np.int64)
+            h = session.run(None, {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
+            out[i] = pool(h, lengths[i:i + 1], self.modes)[0]
         return out
-
-    def _executor(self):
-        """This encoder's threads, one per core, made on first use."""
-        with _SESSIONS_LOCK:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-                self._pool = ThreadPoolExecutor(cpu_count(), thread_name_prefix="onnx-embed")
-            return self._pool
 
     def encode(self, texts: Sequence[str], threads: int | None = None) -> np.ndarray:
         return self.run(*self.tokenize(list(texts)), threads=threads)
@@ -527,8 +489,7 @@ class OnnxProvider(_ProviderBase):
     normalize, batch_size, query_prompt, document_prompt
         As for the torch provider.
     num_threads : int, optional
-        onnxruntime intra-op threads per document (default 0: one document per core at a time,
-        each on one thread; see `OnnxEncoder`).
+        onnxruntime threads for documents (default: one per core).
     query_threads : int, optional
         Threads for one query (default ``$FUNNEL_QUERY_THREADS`` or 1).
     cache_root : str, optional

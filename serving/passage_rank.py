@@ -31,7 +31,6 @@ the first, and a strong document is not drowned by a lucky passage of a weak one
 from __future__ import annotations
 
 import bisect
-import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -137,7 +136,7 @@ _WORD = re.compile(r"\w+")
 
 
 def _candidates(text: str, terms) -> list[tuple[int, str]]:
-    """(start, word) of each word of ``text`` that holds one of :func:`prefixes`, in order:
+    """(start, word) of each word of ``text`` that holds one of `prefixes`, in order:
     found with ``str.find`` in the lower-cased text (a few hundred thousand characters a
     millisecond), or word by word where lower-casing changes the text's length."""
     low = text.lower()
@@ -165,75 +164,13 @@ def _candidates(text: str, terms) -> list[tuple[int, str]]:
         if m:
             out.append((s, m.group()))
     return out
-
-
-def term_positions(self, i: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(character offsets, term columns, w·idf per column) of the query-term words that
-        start in ``text[a:b]`` of document ``i``."""
-        starts, cols = self.positions(i)
-        lo, hi = np.searchsorted(starts, a), np.searchsorted(starts, b)
-        if self._worth is None:
-            self._worth = np.asarray([self.terms[t] for t in sorted(self.terms)], dtype=np.float64)
-        return starts[lo:hi], cols[lo:hi], self._worth
-
-
-# --------------------------------------------------------------------------- kernels
-
-
-def prefixes(terms) -> tuple[str, ...]:
-    """What a word must contain to analyze to one of ``terms``: each term's first three
-    characters (two for a term of three or fewer). The stemmer changes a word's end, not its
-    first three characters once the stem has four or more (checked over every word of
-    SciFact, NFCorpus and the package READMEs: the exceptions are a two-letter stem, "eyed"
-    -> "ei"); a run of ideographs is one word but several terms, so the prefix is looked for
-    anywhere in a word."""
-    return tuple(sorted({t[:3] if len(t) >= 4 else t[:2] for t in terms if t}))
-
-
-_WORD = re.compile(r"\w+")
-
-
-def _candidates(text: str, terms) -> list[tuple[int, str]]:
-    """(start, word) of each word of ``text`` that holds one of :func:`prefixes`, in order:
-    found with ``str.find`` in the lower-cased text (a few hundred thousand characters a
-    millisecond), or word by word where lower-casing changes the text's length."""
-    low = text.lower()
-    if len(low) != len(text):
-        # Offsets in the lower-cased text would not be the text's ("İ" lower-cases to two
-        # characters): test each word itself, with the same notion of a word as below.
-        # (Matched case-insensitively as the analyzer lower-cases: "İstanbul" holds "ist".)
-        pre = prefixes(terms)
-        if not pre:
-            return []
-        inside = re.compile("|".join(re.escape(p) for p in pre), re.IGNORECASE)
-        return [(m.start(), m.group()) for m in _WORD.finditer(text) if inside.search(m.group())]
-    starts = set()
-    for p in prefixes(terms):
-        i = low.find(p)
-        while i >= 0:
-            s = i
-            while s > 0 and (low[s - 1].isalnum() or low[s - 1] == "_"):
-                s -= 1
-            starts.add(s)
-            i = low.find(p, i + 1)
-    out = []
-    for s in sorted(starts):
-        m = _WORD.match(text, s)
-        if m:
-            out.append((s, m.group()))
-    return out
-
-
-def candidate_words_of(text: str, terms) -> list[str]:
-    """The words of ``text`` that may analyze to one of ``terms`` (:func:`prefixes`)."""
-    return [w for _, w in _candidates(text, terms)]
 
 
 def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]]
                    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(start offsets, term columns, term names) of the words of ``text`` that analyze to one of
     ``terms`` (analyzed index terms), a word counting once per term it yields. Only the words
-    that hold a term's :func:`prefixes` are analyzed, so a long document is not analyzed word
+    that hold a term's `prefixes` are analyzed, so a long document is not analyzed word
     by word."""
     names = sorted(terms)
     if not names or not text:

@@ -77,7 +77,13 @@ def where(text: str, a: int, b: int) -> str:
     first, last = line_span(text, a, b)
     out = f"line {first}" if first == last else f"lines {first}-{last}"
     if "\f" in text:
-        p, q = text.count("\f", 0, a) + 1, text.count("\f", 0, max(a, b - 1)) + 1
+        # The last page is the one of the range's last character that is not white space (a
+        # passage ending on a page break does not reach the next page), as the citation's
+        # page_end counts it (documents.page_span).
+        last = b - 1
+        while last > a and text[last].isspace():
+            last -= 1
+        p, q = text.count("\f", 0, a) + 1, text.count("\f", 0, max(a, last)) + 1
         out += f", page {p}" if p == q else f", pages {p}-{q}"
     return f"{out}, start={a}, end={b}"
 

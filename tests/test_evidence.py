@@ -94,6 +94,19 @@ def test_a_pdf_page_is_named_where_the_text_has_page_breaks(long_index):
     assert re.search(r"\bpages? 2\b", quote), quote  # the answer is on page 2
 
 
+def test_a_range_ending_on_a_page_break_stays_on_its_page():
+    """The text's pages are the citation's (documents.page_span): a range whose last
+    characters are a page break and white space ends on the page before the break."""
+    from funnel.serving.documents import page_span
+    from funnel.serving.summary import where
+    text = "alpha beta.\n\f\ngamma delta.\n\f\nepsilon"
+    a, b = 0, text.index("gamma")  # page 1's text, the form feed and nothing of page 2
+    assert where(text, a, b).split(", ")[1] == "page 1" and page_span({}, text, a, b) is None
+    assert page_span({"format": "pdf"}, text, a, b) == (1, 1)
+    c = text.index("delta") + 6
+    assert ", pages 1-2," in where(text, a, c) and page_span({"format": "pdf"}, text, a, c) == (1, 2)
+
+
 def test_passages_per_hit_and_the_packed_context_take_several_passages_of_a_document(long_index):
     rows, ix = long_index
     res = ix.search("connection pool sockets storage section", k=2, passages_per_hit=3, context_tokens=600)

@@ -238,14 +238,17 @@ def test_a_pdf_citation_names_its_page_everywhere(tour, ix, http):
     last = len(whole[:cli["end"]].rstrip()) - 1  # the passage's last character that is not space
     assert cli["page_end"] == whole.count("\f", 0, last) + 1
     assert "narwhal" in whole[cli["start"]:cli["end"]]
-    # The text names the citation's lines, first page and range (CLI and MCP alike).
+    # The text names the citation's lines, pages and range (CLI and MCP alike), the pages
+    # as the citation counts them.
     text = funnel("search", "ix", "narwhal bearing", "--k", "1", cwd=work).stdout
     head = re.compile(r"\[manual\.pdf\] Pump Manual "
-                      r"\[lines (\d+)-(\d+), pages? (\d+)(?:-\d+)?, start=(\d+), end=(\d+)\]")
+                      r"\[lines (\d+)-(\d+), pages? (\d+)(?:-(\d+))?, start=(\d+), end=(\d+)\]")
     for shown in (text, over_mcp.content[0].text):
         m = head.search(shown)
-        assert m and [int(x) for x in m.groups()] == \
-            [cli["line_start"], cli["line_end"], cli["page_start"], cli["start"], cli["end"]], shown
+        assert m, shown
+        first, last = int(m.group(3)), int(m.group(4) or m.group(3))
+        assert [int(m.group(i)) for i in (1, 2, 5, 6)] + [first, last] == \
+            [cli["line_start"], cli["line_end"], cli["start"], cli["end"], cli["page_start"], cli["page_end"]], shown
     # The citation's range fetches its text.
     got = funnel("get", "ix", "manual.pdf", "--start", str(cli["start"]), "--end", str(cli["end"]), cwd=work).stdout
     assert "narwhal bearing" in got
