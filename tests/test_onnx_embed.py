@@ -78,6 +78,12 @@ def test_int8_is_close_but_its_own_embedder(onnx, torch_provider):
     alone = np.vstack([int8.embed_documents([t]) for t in TEXTS])
     assert _cos(batched, alone).min() >= 0.99999
     assert _cos(int8.embed_query(TEXTS[1]), batched[1]) >= 0.99999
+    # The intra-op thread count does not change a text's arithmetic: documents (default
+    # threads), one thread and two give the same vectors bit for bit, and so does the query path.
+    ids, lengths = int8._docs.tokenize(TEXTS)
+    for threads in (1, 2):
+        assert np.array_equal(int8._docs.run(ids, lengths, threads=threads), int8._docs.run(ids, lengths))
+    assert all(np.array_equal(int8.embed_query(t), v) for t, v in zip(TEXTS, batched))
 
 
 def test_int8_loads_a_saved_optimized_graph_with_the_same_vectors(tmp_path):
