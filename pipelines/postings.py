@@ -5,7 +5,8 @@ A shard directory ``lexical/shard-NNNN/`` holds
     terms.parquet   term, df, cf      the shard's vocabulary in sorted order (code point order)
     indptr.npy      int64 [V+1]       postings of local term i are docs[indptr[i]:indptr[i+1]]
     docs.npy        int32 [P]         local document ids, ascending within a term
-    tfs.npy         int32 [P]         term frequencies
+    tfs.npy         uint16 [P]        term frequencies (int32 where one is above 65,535, and in
+                                      builds before uint16: ``narrow_tfs``)
     doclen.npy      int32 [n_docs]    exact document lengths (indexed tokens)
     term_gid.npy    int32 [V]         global term id of each local term (written at finalize)
     term_max_tf.npy int32 [V]         largest tf in each term's postings (written at finalize)
@@ -14,9 +15,9 @@ A shard directory ``lexical/shard-NNNN/`` holds
                                       exact block maxima for the default BM25 parameters and the
                                       collection's avgdl, and each block's last document
                                       (finalize; serving's pruning reads them)
-    impacts.npy     uint8 [P]         each posting's ``tf / (tf + denom)`` for the default BM25
+    impacts.npy     uint16 [P]        each posting's ``tf / (tf + denom)`` for the default BM25
     impacts.json                      parameters and the collection's avgdl as a level q, the
-                                      least with q / 255 >= it (finalize; serving's exhaustive
+                                      least with q / 65535 >= it (finalize; serving's exhaustive
                                       scoring sums them, and rescores its candidates exactly).
                                       Builds before the levels stored float32 (4 bytes a
                                       posting): serving then scores those indexes from tfs and
@@ -53,7 +54,7 @@ BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in olde
 # Block maxima for the default BM25 parameters (optional; write_block_maxima).
 BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy", "block_last.npy")
 BLOCK_KEY_FILE = "block_maxima.json"
-# Per-posting one-byte impact levels for the default BM25 parameters (optional; write_impacts).
+# Per-posting 16-bit impact levels for the default BM25 parameters (optional; write_impacts).
 IMPACT_FILE = "impacts.npy"
 IMPACT_KEY_FILE = "impacts.json"
 
@@ -167,15 +168,16 @@ class PostingsBuilder:
         vocab = self.vocab
         terms = sorted(vocab)
         # Remap first-seen ids to sorted order, then sort postings by (term, doc).
-        remap = np.empty(len(vocab), dtype=np.int64)
+        # int32 ids (4 bytes a posting, not int64's 8), and the documents and tfs read in place
+        # by the counting sort: the sort's outputs are the only copies (the build's peak).
+        remap = np.empty(len(vocab), dtype=np.int32)
         for new, t in enumerate(terms):
             remap[vocab[t]] = new
-        tid_arr = remap[np.frombuffer(self.tids, dtype=np.int32)] if len(self.tids) else np.zeros(0, np.int64)
-        did_arr = np.frombuffer(self.dids, dtype=np.int32).copy()
-        tf_arr = np.frombuffer(self.tfs, dtype=np.int32).copy()
-        self.tids = self.dids = self.tfs = array("i")  # free them before the sort's copies
+        tid_arr = remap[np.frombuffer(self.tids, dtype=np.int32)] if len(self.tids) else np.zeros(0, np.int32)
+        self.tids = array("i")
+        did_arr = np.frombuffer(self.dids, dtype=np.int32)
+        tf_arr = np.frombuffer(self.tfs, dtype=np.int32)
         df = np.bincount(tid_arr, minlength=len(terms)).astype(np.int64)
-        cf = np.bincount(tid_arr, weights=tf_arr, minlength=len(terms)).astype(np.int64)
         indptr = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
         # Postings arrive in document order for every term (documents are added in order;
@@ -189,6 +191,12 @@ class PostingsBuilder:
             order = np.lexsort((did_arr, tid_arr))
             did_arr, tf_arr = did_arr[order], tf_arr[order]
             del order
+        del tid_arr
+        self.dids = self.tfs = array("i")  # the views above are gone: free the buffers
+        # Every term has a posting, so its tfs are the run from indptr[t] on: summed in place
+        # (bincount's float64 weights would add 8 bytes a posting at the peak).
+        cf = (np.add.reduceat(tf_arr, indptr[:-1], dtype=np.int64) if len(tf_arr)
+              else np.zeros(len(terms), dtype=np.int64))
         doclen = np.frombuffer(self.doclen, dtype=np.int32).copy()
         return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
 
@@ -201,11 +209,21 @@ def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
     return b.finish()
 
 
+def narrow_tfs(tfs: np.ndarray) -> np.ndarray:
+    """``tfs`` as stored (``tfs.npy``): uint16 (2 bytes a posting instead of 4) where every
+    tf fits, which it does unless a document repeats a term more than 65,535 times; else
+    int32. Serving reads either (``kernels.tf_dtype``)."""
+    tfs = np.asarray(tfs)
+    if len(tfs) == 0 or int(tfs.max()) <= np.iinfo(np.uint16).max:
+        return tfs.astype(np.uint16)
+    return tfs.astype(np.int32, copy=False)
+
+
 def write_shard(shard_dir: str, p: ShardPostings) -> None:
     os.makedirs(shard_dir, exist_ok=True)
     save_npy_atomic(os.path.join(shard_dir, "indptr.npy"), p.indptr)
     save_npy_atomic(os.path.join(shard_dir, "docs.npy"), p.docs)
-    save_npy_atomic(os.path.join(shard_dir, "tfs.npy"), p.tfs)
+    save_npy_atomic(os.path.join(shard_dir, "tfs.npy"), narrow_tfs(p.tfs))
     save_npy_atomic(os.path.join(shard_dir, "doclen.npy"), p.doclen)
     table = pa.table({"term": pa.array(p.terms, pa.string()),
                       "df": pa.array(p.df, pa.int64()), "cf": pa.array(p.cf, pa.int64())})
@@ -253,7 +271,7 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
 
 def write_impacts(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
     """Store each posting's impact ``tf / (tf + k1·(1 - b + b·L/avgdl))`` for the default
-    BM25 parameters and this ``avgdl``, as one-byte levels rounded up (``impacts.npy``,
+    BM25 parameters and this ``avgdl``, as 16-bit levels rounded up (``impacts.npy``,
     ``kernels.posting_levels``; ``impacts.json`` names what they were computed for and the
     quantization). Serving's exhaustive scoring reads one of these per posting instead of a
     tf, a length code and a table cell, sums them in float64, keeps every document within

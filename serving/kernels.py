@@ -11,7 +11,7 @@ no per-posting impact array and every (k1, b) costs the same. A small index (at 
 values): the exhaustive paths then read one number per posting instead of a tf, a length
 code and a grid cell.
 
-A larger index has the build's impacts for the default (k1, b) quantized to one byte
+A larger index has the build's impacts for the default (k1, b) quantized to 16-bit levels
 (``impacts.npy``, ``posting_levels``), memory-mapped. The exhaustive path reads those
 (``_search_approx``): it sums them in float64, keeps every document within a proven margin
 of the k-th approximate score (``_approx_margin``), and rescores those candidates exactly from their
@@ -130,7 +130,7 @@ def fault_parts(fault: int) -> tuple[int | None, str, str]:
 
 # The arrays of one shard that ``search_shards`` reads, in the order of its ``meta`` table.
 FIELDS = ("indptr", "docs", "tfs", "term_gid", "max_tf", "code", "min_code")
-FIELD_DTYPES = (np.int64, np.int32, np.int32, np.int32, np.int32, None, None)  # None: the code dtype
+FIELD_DTYPES = (np.int64, np.int32, "tf", np.int32, np.int32, None, None)  # None: the code dtype; "tf": tf_dtype
 # The exhaustive paths keep their top k in a heap up to this k and in a buffer cut back by
 # quickselect above it (``_new_top``): on SciFact and NFCorpus the buffer is faster at k=100
 # and the heap at k=10.
@@ -154,10 +154,13 @@ PRUNE_SKIP = 0.92
 SCAN = 64
 # The build's stored impacts for the default (k1, b) (``impacts.npy``, ``posting_levels``):
 # each posting's impact as a level q of this dtype standing for q · IMPACT_STEP, q the least
-# with q · IMPACT_STEP >= the impact (never 0: every impact is above 0). One byte a posting
-# instead of float32's four; the exhaustive path's margin grows to IMPACT_STEP times the sum
-# of the query's weights (``_approx_margin``) and its candidates are rescored exactly.
-IMPACT_DTYPE = np.uint8
+# with q · IMPACT_STEP >= the impact (never 0: every impact is above 0). Two bytes a posting
+# instead of float32's four; the exhaustive path's margin is IMPACT_STEP times the sum of the
+# query's weights (``_approx_margin``) and its candidates are rescored exactly. uint8 levels
+# (one byte) were measured too, at 100K Zipf documents (bench/RESULTS.md, "Notes: figures
+# moved from code comments"): their margin, 257 times wider, let so many near-ties through
+# to the exact rescoring that short queries at k=100 took 1.36x the CPU of float32 impacts.
+IMPACT_DTYPE = np.uint16
 IMPACT_LEVELS = int(np.iinfo(IMPACT_DTYPE).max)
 IMPACT_STEP = 1.0 / IMPACT_LEVELS
 # A query's term ids (with repeats) are put in canonical order by insertion up to this many,
@@ -165,15 +168,26 @@ IMPACT_STEP = 1.0 / IMPACT_LEVELS
 SMALL_SORT = 64
 
 
+def tf_dtype(shards: list[dict[str, np.ndarray]]) -> np.dtype:
+    """The dtype the kernels read every shard's tfs as: the shards' own (uint16 from the
+    build, ``pipelines.postings.narrow_tfs``; int32 from older builds or a shard with a tf
+    above 65,535), widened to hold them all where they differ (that shard is then copied
+    into memory by `shard_table` instead of mapped)."""
+    return np.result_type(*(np.asarray(a["tfs"]).dtype for a in shards)) if shards else np.dtype(np.int32)
+
+
 def shard_table(shards: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """(meta, keep): the int64 [S, 2·len(FIELDS)] (address, length) table for ``search_shards``
-    and the arrays it points into, which the caller must keep referenced while it is used."""
+    and the arrays it points into, which the caller must keep referenced while it is used.
+    The kernels take ``code_proto``: (a zero-length array of the length codes' dtype, one
+    of `tf_dtype`'s), so they are compiled for the dtypes the table points at."""
     code_dtype = shards[0]["code"].dtype if shards else np.dtype(np.uint8)
+    tfs_dtype = tf_dtype(shards)
     meta = np.zeros((len(shards), 2 * len(FIELDS)), dtype=np.int64)
     keep = []
     for s, arrays in enumerate(shards):
         for f, (name, dt) in enumerate(zip(FIELDS, FIELD_DTYPES)):
-            a = np.ascontiguousarray(arrays[name], dtype=dt or code_dtype)
+            a = np.ascontiguousarray(arrays[name], dtype=tfs_dtype if dt == "tf" else (dt or code_dtype))
             if len(a) == 0:  # a valid address for an empty array
                 a = np.zeros(1, dtype=a.dtype)[:0]
             keep.append(a)
@@ -1392,7 +1406,7 @@ if HAVE_NUMBA:
         term's weight · ``IMPACT_STEP``, summed in float64) into one candidate buffer whose
         bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
         (the k best and their near-ties) rescored exactly (``_rescore_shard``) and ranked:
-        the same documents and bits as exhaustive float64 scoring, at one byte a posting
+        the same documents and bits as exhaustive float64 scoring, at two bytes a posting
         read instead of a tf, a length code and a table cell. Returns (docnos, scores, fault)."""
         local = np.empty(gids.shape[0], dtype=np.int64)
         c = _approx_keep(gids.shape[0])
@@ -1410,8 +1424,8 @@ if HAVE_NUMBA:
             nd = hi - lo  # scored in acc[:nd], as in search_shards
             indptr = _view(meta, s, 0, np.int64)
             docs = _view(meta, s, 1, np.int32)
-            tfs = _view(meta, s, 2, np.int32)
-            code = _view(meta, s, 5, code_proto.dtype)
+            tfs = _view(meta, s, 2, code_proto[1].dtype)
+            code = _view(meta, s, 5, code_proto[0].dtype)
             imp = _impacts32_of(imeta32, s)
             if _is_dense(indptr, local, nd, dense_min):
                 f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], imp)
@@ -1439,7 +1453,8 @@ if HAVE_NUMBA:
             _local_terms(_view(meta, s, 3, np.int32), gids, local)
             lo, hi = doc_off[s], doc_off[s + 1]
             nn, tv, tr = _rescore_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                                        _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
+                                        _view(meta, s, 2, code_proto[1].dtype), _view(meta, s, 5, code_proto[0].dtype),
+                                        table, itab,
                                         cap, local, weights, cand[j:e] & np.int64(0xFFFFFFFF), id_rank[lo:hi],
                                         np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
             if nn < 0:
@@ -1593,8 +1608,9 @@ if HAVE_NUMBA:
         ``meta`` is an int64 [S, 2·META_FIELDS] table of (address, length) of each shard's
         arrays in ``FIELDS`` order (``ShardTable`` builds it and keeps the arrays alive): one
         small argument instead of dozens, which numba would unbox one by one on every call.
-        Length codes have ``code_proto``'s dtype: uint8 Lucene norm bytes or int32 exact
-        lengths, as ``table`` is indexed. ``doc_off``: each shard's first position in the
+        ``code_proto`` is (a zero-length array of the length codes' dtype, one of the tfs'):
+        length codes are uint8 Lucene norm bytes or int32 exact lengths, as ``table`` is
+        indexed; tfs uint16 (or int32: `tf_dtype`). ``doc_off``: each shard's first position in the
         global document order (S + 1 entries); ``id_rank``: each document's rank by doc_id;
         ``acc`` (float64, at least one per document of the largest shard) is zeroed, and zeroed
         again on return; ``touched`` (int32) has one more slot. Every shard is scored in the
@@ -1644,8 +1660,8 @@ if HAVE_NUMBA:
                 if post >= prune_min:
                     theta = max(theta, _theta_from_blocks(_view(bmeta, s, 3, np.float64), local, weights, k))
                     n, theta = _score_shard_blocks(
-                        indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
-                        _view(meta, s, 5, code_proto.dtype), table, itab, cap,
+                        indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
+                        _view(meta, s, 5, code_proto[0].dtype), table, itab, cap,
                         _view(bmeta, s, 0, np.int64), _view(bmeta, s, 1, np.float64), _view(bmeta, s, 2, np.float64),
                         _view(bmeta, s, 4, np.int32),
                         BLOCK, local, weights, acc[:nd], touched[:nd + 1], id_rank[lo:hi], np.int64(s) << 32,
@@ -1656,8 +1672,8 @@ if HAVE_NUMBA:
                         theta = max(theta, hv[0])
                     continue
             n = _score_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                             _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype),
-                             _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto.dtype),
+                             _view(meta, s, 2, code_proto[1].dtype), _view(meta, s, 5, code_proto[0].dtype),
+                             _view(meta, s, 4, np.int32), _view(meta, s, 6, code_proto[0].dtype),
                              table, itab, cap, local, weights, acc[:nd], touched[:nd + 1],
                              id_rank[lo:hi], np.int64(s) << 32, hv, hr, hd, n, theta, prune_min, stats)
             if n < 0:
@@ -1701,15 +1717,16 @@ if HAVE_NUMBA:
             nd = hi - lo  # scored in acc[:nd], as in search_shards
             indptr = _view(meta, s, 0, np.int64)
             if not positive or _is_dense(indptr, local, nd, dense_min):
-                f = _accumulate_dense(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
-                                      _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
+                f = _accumulate_dense(indptr, _view(meta, s, 1, np.int32),
+                                      _view(meta, s, 2, code_proto[1].dtype),
+                                      _view(meta, s, 5, code_proto[0].dtype), table, itab, cap, local, weights, acc[:nd],
                                       _impacts_of(imeta, s))
                 if f < 0:
                     return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
                 n, tv, tr = _offer_dense(acc[:nd], id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, n, tv, tr, k)
                 continue
-            m = _accumulate(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, np.int32),
-                            _view(meta, s, 5, code_proto.dtype), table, itab, cap, local, weights, acc[:nd],
+            m = _accumulate(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
+                            _view(meta, s, 5, code_proto[0].dtype), table, itab, cap, local, weights, acc[:nd],
                             touched[:nd + 1], 0, _impacts_of(imeta, s))
             if m < 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
@@ -2009,7 +2026,7 @@ if HAVE_NUMBA:
                 continue
             lo, hi = doc_off[s], doc_off[s + 1]
             m = _accumulate(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                            _view(meta, s, 2, np.int32), _view(meta, s, 5, code_proto.dtype), table, itab,
+                            _view(meta, s, 2, code_proto[1].dtype), _view(meta, s, 5, code_proto[0].dtype), table, itab,
                             cap, local, weights, acc[lo:hi], touched[lo:hi + 1], mcount[s], _impacts_of(imeta, s))
             if m < 0:
                 return (s << 8) | -m

@@ -8,7 +8,7 @@ Terms are scored in one canonical order (w·idf descending, then global term id)
 on every path, so a document's score is the same float sum whichever path computes it:
 the compiled kernel (``kernels.search_shards``: all shards in one call, MaxScore pruning
 when every weight is positive and the bounds promise enough skipping, else exhaustive
-scoring over the build's one-byte impact levels with the candidates rescored exactly) or the NumPy
+scoring over the build's 16-bit impact levels with the candidates rescored exactly) or the NumPy
 reference (``ShardScorer.top_candidates`` per shard, then a merge), which runs where numba
 is absent or ``use_kernel`` is off.
 
@@ -60,7 +60,7 @@ IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Luc
 # An index with at most this many postings keeps each posting's impact (8 bytes a posting, so
 # at most 64 MB per (k1, b), for the last two in use): the exhaustive kernels then read one
 # float per posting instead of a tf, a length code and a grid cell. Larger indexes read the
-# build's one-byte impact levels for the default parameters (``_impacts32``: memory-mapped, rescored
+# build's 16-bit impact levels for the default parameters (``_impacts32``: memory-mapped, rescored
 # exactly), and the grid for others.
 IMPACT_POSTINGS = 8_000_000
 
@@ -222,7 +222,8 @@ class BM25Retriever:
                                "min_code": s.exact_min_codes() if exact else s.min_norms()}
                               for s in self.index.shards]
                     meta, keep = kernels.shard_table(shards)
-                    proto = np.zeros(0, dtype=np.int32 if exact else np.uint8)
+                    proto = (np.zeros(0, dtype=np.int32 if exact else np.uint8),  # see kernels.shard_table
+                             np.zeros(0, dtype=kernels.tf_dtype(shards)))
                     doc_off = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
                     id_rank = np.concatenate([np.zeros(0, dtype=np.int64)] +
                                              [np.asarray(r, dtype=np.int64) for r in self.index.docs.id_rank])

@@ -795,8 +795,8 @@ if HAVE_NUMBA:
             nd = hi - lo
             by_cands = force == 1 or (force == 0 and (c1 - c0) * present * cost <= post)
             docs = _view(meta, s, 1, np.int32)
-            tfs = _view(meta, s, 2, np.int32)
-            code = _view(meta, s, 5, code_proto.dtype)
+            tfs = _view(meta, s, 2, code_proto[1].dtype)
+            code = _view(meta, s, 5, code_proto[0].dtype)
             base = np.int64(s) << 32
             if blocks:
                 bstart = _view(bmeta, s, 0, np.int64)

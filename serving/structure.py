@@ -33,7 +33,7 @@ What is checked, per shard (``pipelines.postings`` describes the files):
   ``block_max`` and ``block_last``; ``term_max`` one per term, ``term_kth`` one per term
   and kept rank;
 - stored impacts (where present): ``impacts.npy`` of the dtype ``impacts.json`` names, one
-  per posting: uint8 levels, each at least 1 (a level stands for level / 255, a BM25 factor
+  per posting: uint16 levels, each at least 1 (a level stands for level / 65,535, a BM25 factor
   ``tf / (tf + denom)`` rounded up; a 0 would list a document twice in the exhaustive
   kernels' touched list), or, from builds before the levels, float32 factors in (0, 1] (a NaN
   or a stray value would silently drop documents from the exhaustive kernels' candidates);
@@ -185,16 +185,16 @@ def _check_impacts(version_dir: str, shard_rel: str, impacts: tuple[dict, np.nda
     rel = f"{shard_rel}/{IMPACT_FILE}"
     key, imp = impacts
     want = key.get("dtype") if isinstance(key, dict) else None
-    if want not in ("uint8", "float32"):
-        raise _fail(version_dir, f"{shard_rel}/impacts.json", f"names dtype {want!r}, expected 'uint8' "
+    if want not in ("uint16", "uint8", "float32"):
+        raise _fail(version_dir, f"{shard_rel}/impacts.json", f"names dtype {want!r}, expected 'uint16' "
                                                                "(or 'float32' from an older build)")
     imp = _vector(version_dir, rel, imp, "iuf")
     if imp.dtype != np.dtype(want):
         raise _fail(version_dir, rel, f"holds {imp.dtype}, expected {want} (impacts.json)")
     if len(imp) != n_postings:
         raise _fail(version_dir, rel, f"has {len(imp)} entries, docs.npy has {n_postings}: one impact per posting")
-    if want == "uint8":
-        if len(imp) and int(imp.min()) < 1:  # a level stands for level / 255: every impact is above 0
+    if want != "float32":
+        if len(imp) and int(imp.min()) < 1:  # a level stands for level / levels: every impact is above 0
             bad = int(np.argmin(imp))
             raise _fail(version_dir, rel, f"holds level 0 at position {bad}: every impact level is at least 1")
         return

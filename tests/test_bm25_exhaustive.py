@@ -1,5 +1,5 @@
 """Oracles for the exhaustive BM25 kernels over many postings: the dense read-back (one scan
-of a shard's accumulator instead of a touched list), the stored one-byte impact levels with exact
+of a shard's accumulator instead of a touched list), the stored 16-bit impact levels with exact
 rescoring of the candidates, and the per-query choice between block-max pruning and
 exhaustive scoring. Each must give the NumPy reference's documents, score bits and tie
 order; and the build must store the impacts serving reads, checked when an index opens."""
@@ -180,7 +180,7 @@ def test_approximate_candidates_keep_every_possible_top_k_document():
 @needs_numba
 def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
     """Every shard's ``impacts.npy`` is published and checksummed, holds each posting's
-    float64 impact for the default parameters as the least level at or above it (one byte a
+    float64 impact for the default parameters as the least level at or above it (two bytes a
     posting), and is what serving maps."""
     ix = open_index(demo_index_4)
     b = ix.bm25
@@ -189,10 +189,10 @@ def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
         rel = f"lexical/{shard_name(s)}"
         assert {f"{rel}/{IMPACT_FILE}", f"{rel}/{IMPACT_KEY_FILE}"} <= set(ix.index.manifest["files"])
         key, imp = load_impacts(os.path.join(ix.index.dir, rel))
-        assert key == impacts_key(ix.index.avgdl) and imp.dtype == np.uint8 and key["dtype"] == "uint8"
+        assert key == impacts_key(ix.index.avgdl) and imp.dtype == np.uint16 and key["dtype"] == "uint16"
         exact = kernels.posting_impacts(shard.docs, shard.tfs, shard.norms, den, itab)
         level = imp.astype(np.float64)
-        assert (level >= 1).all() and (level / 255 >= exact).all() and ((level - 1) / 255 < exact).all()
+        assert (level >= 1).all() and (level / 65535 >= exact).all() and ((level - 1) / 65535 < exact).all()
     assert b._impacts32(_DEFAULT).shape == (ix.index.n_shards, 2)
     mapped = {int(a.ctypes.data) for a in b._impact32_args[1]}
     assert mapped == {int(s.stored_impacts[1].ctypes.data) for s in ix.index.shards}
@@ -203,9 +203,9 @@ def test_damaged_impacts_are_refused_at_open(demo_index_1, tmp_path):
     """An ``impacts.npy`` of the wrong length, dtype or values stops the open with an error
     naming the file."""
     import shutil
-    for bad, words in ((lambda a: a[:-1], "one impact per posting"), (lambda a: a.astype(np.float64), "uint8"),
-                       (lambda a: a.astype(np.uint16), "expected uint8"),
-                       (lambda a: np.where(np.arange(len(a)) == 3, np.uint8(0), a), "level 0 at position 3")):
+    for bad, words in ((lambda a: a[:-1], "one impact per posting"), (lambda a: a.astype(np.float64), "uint16"),
+                       (lambda a: a.astype(np.uint8), "expected uint16"),
+                       (lambda a: np.where(np.arange(len(a)) == 3, np.uint16(0), a), "level 0 at position 3")):
         root = tmp_path / f"ix{len(os.listdir(tmp_path))}"
         shutil.copytree(demo_index_1, root)
         ix = open_index(str(root))
@@ -221,7 +221,7 @@ def test_damaged_impacts_are_refused_at_open(demo_index_1, tmp_path):
 @needs_numba  # the build stores impacts only where numba computes them
 def test_an_index_with_float32_impacts_from_an_older_build_opens_and_answers_exactly(demo_index_1, tmp_path,
                                                                                    monkeypatch):
-    """Format versioning: an index built before the one-byte levels holds float32 impacts
+    """Format versioning: an index built before the 16-bit levels holds float32 impacts
     (``impacts.json`` dtype float32). It still opens (its impacts checked), never reads them
     (they are not levels) and answers every query as the NumPy reference, from its tfs and
     length codes; a float32 file that is out of range is still refused at the open."""

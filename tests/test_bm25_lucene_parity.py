@@ -1,7 +1,7 @@
 """Ranking parity with real Lucene 9.9.1 on every SciFact and NFCorpus test query: our top 10
 (ties included) equals Lucene's run, on every scoring path: the compiled kernel scoring
 exhaustively, the kernel forced to prune (MaxScore) everywhere, the kernel summing stored
-one-byte impact levels (read back by a scan) and rescoring its candidates, and the NumPy reference."""
+16-bit impact levels (read back by a scan) and rescoring its candidates, and the NumPy reference."""
 
 import collections
 import gzip

@@ -296,7 +296,7 @@ def _paths(ix, k: int):
             out.append(((shard.astype(np.int64) << 32) | (p - off[shard]), sc[i, :cnt[i]]))
         return out
 
-    def stored32():  # the build's one-byte impact levels, rescored exactly (an index past IMPACT_POSTINGS)
+    def stored32():  # the build's 16-bit impact levels, rescored exactly (an index past IMPACT_POSTINGS)
         old = lexical.IMPACT_POSTINGS
         lexical.IMPACT_POSTINGS = 0
         try:
@@ -472,7 +472,7 @@ def _trials(root: str, out: str, seed: int, n: int) -> None:
 #: (file, value, how the query reads it) of the targeted cases: the value is written at the
 #: second posting of TERM in shard 0 (its first index entry for indptr / block_start).
 TARGETED = [("docs.npy", -5, "pruned"), ("docs.npy", 2**31 - 1, "exhaustive"), ("indptr.npy", -1, "exhaustive"),
-            ("tfs.npy", 0, "pruned"), ("tfs.npy", -3, "other-k1"), ("impacts.npy", 0, "stored-levels"),
+            ("tfs.npy", 0, "pruned"), ("tfs.npy", 0, "other-k1"), ("impacts.npy", 0, "stored-levels"),
             ("block_start.npy", 1 << 40, "pruned"),
             ("block_start.npy", 1 << 40, "masked")]
 

@@ -156,7 +156,7 @@ DAMAGE = {
     "doc id past the shard": (f"{SHARD}/docs.npy", 7, 1 << 30),
     "negative doc id": (f"{SHARD}/docs.npy", 11, -1),
     "doc ids out of order": (f"{SHARD}/docs.npy", 1, 0),
-    "negative tf": (f"{SHARD}/tfs.npy", 5, -7),
+    "zero tf (uint16: none is negative)": (f"{SHARD}/tfs.npy", 5, 0),
     "zero tf": (f"{SHARD}/tfs.npy", 3, 0),
     "indptr past the postings": (f"{SHARD}/indptr.npy", 9, 1 << 40),
     "indptr end": (f"{SHARD}/indptr.npy", -1, 3),
