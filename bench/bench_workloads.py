@@ -32,6 +32,10 @@ queries; PISA's compiled block-max WAND retrieval, ``threads=1``); q/s from the 
 and the median, by wall and by process CPU time. Then one query per call (funnel
 ``search_batch`` of one query, bm25s tokenize + retrieve, PISA one string) for p50/p99.
 Serving RSS: each system alone in a fresh process after answering every workload.
+Index bytes per posting (``index_bytes``): each system's lexical files on disk over its number
+of postings, by group: the postings themselves, with the block maxima / skip data, and every
+file a query process reads (PISA: its compressed index, block-max data and lexicons, not the
+uncompressed collection its build leaves beside them); and the serving RSS over the postings.
 
 ``--bounds-check-cost`` times funnel alone, twice: its kernels as served, which check every
 value they index with against the arrays it indexes (``serving/kernels.py``, "Damaged
@@ -450,6 +454,48 @@ def render_boundscheck(res: dict, command: str) -> str:
     return "\n".join(L)
 
 
+def _size(*paths: str) -> int:
+    return sum(os.path.getsize(x) for x in paths if os.path.isfile(x))
+
+
+def index_bytes(system: str, path: str) -> dict:
+    """What each system's lexical index holds on disk, per group of files: ``postings``
+    (document ids, frequencies, and funnel's impact levels / bm25s's scores), ``skip``
+    (block maxima and other per-term bounds pruning reads), ``all`` (every file a query
+    process reads: also the dictionaries and lengths), and the number of postings. PISA's
+    are the compressed index (``*.block_simdbp``), its block-max data (``*.bmw.*``) and the
+    lexicons, not the uncompressed collection its build leaves beside them."""
+    import glob
+
+    import numpy as np
+    if system == "funnel":
+        with open(os.path.join(path, "CURRENT")) as f:
+            lex = os.path.join(path, f.read().strip(), "lexical")
+        shards = sorted(glob.glob(os.path.join(lex, "shard-*")))
+        n = sum(len(np.load(os.path.join(d, "docs.npy"), mmap_mode="r")) for d in shards)
+        files = {d: os.listdir(d) for d in shards}
+        postings = sum(_size(*(os.path.join(d, x) for x in ("docs.npy", "tfs.npy", "impacts.npy"))) for d in shards)
+        bounds = ("block_", "term_max", "term_kth", "term_min")
+        skip = sum(_size(*(os.path.join(d, x) for x in fs if x.startswith(bounds))) for d, fs in files.items())
+        every = sum(_size(*(os.path.join(d, x) for x in fs)) for d, fs in files.items()) + _size(
+            os.path.join(lex, "vocab.arrow"))
+    elif system == "pisa":
+        n_terms = sum(1 for _ in open(os.path.join(path, "fwd.terms"), "rb"))
+        n = os.path.getsize(os.path.join(path, "inv.freqs")) // 4 - n_terms  # [len, freqs...] per term
+        postings = _size(*glob.glob(os.path.join(path, "*.block_simdbp")))
+        skip = _size(*[x for x in glob.glob(os.path.join(path, "*.bmw.*")) if not x.endswith(".block_simdbp")])
+        lexicons = ("fwd.termlex", "fwd.doclex", "fwd.documents")
+        every = postings + skip + _size(*(os.path.join(path, x) for x in lexicons))
+    elif system == "bm25s":
+        n = len(np.load(os.path.join(path, "indices.csc.index.npy"), mmap_mode="r"))
+        postings = _size(os.path.join(path, "data.csc.index.npy"), os.path.join(path, "indices.csc.index.npy"))
+        skip = 0
+        every = _size(*glob.glob(os.path.join(path, "*")))
+    else:
+        raise ValueError(f"unknown system {system!r}: choose from {', '.join(SYSTEMS)}")
+    return {"n_postings": int(n), "postings": int(postings), "skip": int(skip), "all": int(every)}
+
+
 def child_rss(args: dict) -> None:
     """One system alone: open, answer every workload at k=10 and k=100, then its RSS."""
     s = OPENERS[args["system"]](args["index"])
@@ -542,6 +588,25 @@ def render(res: dict, command: str) -> str:
             mib = lambda x: f"{(x or 0) / bench_scale.MIB:,.0f}"  # noqa: E731
             L.append(f"| {c} | {s} | {mib(st['VmRSS'])} ({mib(st.get('RssAnon'))} + {mib(st.get('RssFile'))}) "
                      f"| {mib(st['VmHWM'])} |")
+    if any("bytes" in r for r in res["corpora"].values()):
+        L += ["", "Index bytes per posting on disk (`index_bytes`): postings = document ids and frequencies (funnel "
+              "also its 16-bit impact levels, bm25s its float32 scores instead of frequencies; PISA's "
+              "block_simdbp compressed index); + skip = with the block maxima and per-term bounds pruning reads "
+              "(PISA's block-max data); all = every file a query process reads. RSS per posting: the serving "
+              "RSS above over the postings.", "",
+              "| corpus | system | postings | B / posting: postings | + skip | all | all MiB | RSS B / posting | "
+              "÷ PISA (all) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for c, r in res["corpora"].items():
+            by = r.get("bytes", {})
+            pisa = by.get("pisa")
+            for s, b in by.items():
+                n = max(b["n_postings"], 1)
+                st = r.get("rss", {}).get(s, {}).get("status") or {}
+                rss = f"{st['VmRSS'] / n:.2f}" if st.get("VmRSS") else "–"
+                vs = f"{(b['all'] / n) / (pisa['all'] / max(pisa['n_postings'], 1)):.2f}" if pisa else "–"
+                L.append(f"| {c} | {s} | {b['n_postings']:,} | {b['postings'] / n:.2f} | "
+                         f"{(b['postings'] + b['skip']) / n:.2f} | {b['all'] / n:.2f} | "
+                         f"{b['all'] / bench_scale.MIB:,.0f} | {rss} | {vs} |")
     L += ["", "Agreement: mean share of funnel's top 10 that each baseline also returns (the same BM25 on the "
           "same terms; bm25s scores in float32, PISA with its own length quantisation, so ties and near-ties "
           "can differ).", "", "| corpus | workload | bm25s | PISA |", "|---|---|---:|---:|"]
@@ -567,8 +632,13 @@ def section(res: dict) -> tuple[str, str]:
     README's rows cite), ``workloads-3m`` etc. for other sizes."""
     sizes = sorted({r["n_docs"] for r in res["corpora"].values()})
     label = "+".join(bench_scale.label(n) for n in sizes)
-    if label == "1m":
+    some = sorted(res["corpora"]) != sorted(CORPORA)  # a run of some corpora: its own section
+    if label == "1m" and not some:
         return "workloads", TITLE
+    if some:
+        names = "+".join(res["corpora"])
+        return (f"workloads-{label}-{names}", f"BM25 per workload at {label.upper()} documents, {names} corpus only "
+                "(bench/bench_workloads.py)")
     return f"workloads-{label}", f"BM25 per workload at {label.upper()} documents (bench/bench_workloads.py)"
 
 
@@ -653,6 +723,7 @@ def main(argv=None):
         rss = {s: run_child("rss", {"sets": sets, "system": s, "index": indexes[s]}, work, min_avail)
                for s in SYSTEMS}
         res["corpora"][c] = {"n_docs": a.size, "builds": builds, "tp": tp, "rss": rss,
+                             "bytes": {s: index_bytes(s, indexes[s]) for s in SYSTEMS},
                              "n_queries": {w: len(q) for w, q in sets.items()}}
         name = f"results-{bench_scale.label(a.size)}-{'+'.join(res['corpora'])}.json"
         with open(os.path.join(a.work, name), "w") as f:  # one per size and corpora: --from-results
