@@ -937,12 +937,11 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
                      token=token, max_body_bytes=max_body_bytes, hosts=allowed_hosts(host, allow_hosts),
                      body_timeout_s=body_timeout_s, tokens=token_file)
     searcher = app.state.searcher
-    from .warmup import warm_http, warm_server
+    from .warmup import describe, warm_http, warm_server
     # Before listening, no request pays for loading anything: the version, then real requests
     # through this app; each later version is warmed before it serves (serving.warmup).
-    warm = warm_server(searcher, lambda: warm_http(app, searcher, token, token_file))
-    log.info("warm-up query answered in %.2fs (query embedder ready in %.2fs; %d requests through the API; "
-             "%.2fs in all)", warm["seconds"], warm["embedder_s"], warm["requests"], warm["total_s"])
+    log.info("%s", describe(warm_server(searcher, lambda: warm_http(app, searcher, token, token_file)),
+                            "requests through the API"))
     scrubbing = start_scrub(searcher.follower, scrub)
 
     class Server(uvicorn.Server):

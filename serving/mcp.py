@@ -84,7 +84,7 @@ from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts
                    servable_modes, term_stats as term_stats_of)
 from .result import SearchResult
 from .scrub import ScrubConfig, start_scrub
-from .warmup import warm_mcp, warm_server
+from .warmup import describe, warm_mcp, warm_server
 from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, Searcher, SearchError,
                      open_index)
 from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
@@ -585,9 +585,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     # later version is warmed before it serves.
     # In-process calls carry no token: with one required, they go to a server without it.
     unguarded = server if token is None and token_file is None else build_mcp_server(ix)
-    warm = warm_server(ix, lambda: warm_mcp(unguarded, ix))
-    log.info("warm-up query answered in %.2fs (query embedder ready in %.2fs; %d tool calls; %.2fs in all)",
-             warm["seconds"], warm["embedder_s"], warm["requests"], warm["total_s"])
+    log.info("%s", describe(warm_server(ix, lambda: warm_mcp(unguarded, ix)), "tool calls"))
     scrubbing = start_scrub(ix.follower, scrub)
     app = mcp_http_app(ix, host, hosts, token=token, tokens=token_file, max_body_bytes=max_body_bytes,
                        body_timeout_s=body_timeout_s, server=server)

@@ -55,7 +55,7 @@ def warm_version(version) -> dict[str, Any]:
     then `warm_texts` searched in the default mode and rendered. Returns ``{"version",
     "seconds", "embedder_s", "queries"}``; never raises (a failure is logged)."""
     t = time.perf_counter()
-    version.warm()
+    base = version.warm()
     queries = 0
     try:
         for text in warm_texts(version):
@@ -64,7 +64,7 @@ def warm_version(version) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - a warm-up must not stop a server
         log.warning("warm-up queries on version %s failed (%s: %s); its first requests pay instead",
                     version.version, type(e).__name__, e)
-    return {"version": version.version, "seconds": round(time.perf_counter() - t, 3),
+    return {"version": version.version, "seconds": round(time.perf_counter() - t, 3), "warm_s": round(base, 3),
             "embedder_s": round(getattr(version, "warm_embedder_s", 0.0), 3), "queries": queries}
 
 
@@ -144,10 +144,10 @@ def warm_server(searcher, front_end=None) -> dict[str, Any]:
     """A server's warm-up before it listens: `warm_version` on the version it serves, then
     ``front_end()`` (`warm_http` or `warm_mcp` bound to the server), and `follow` so each later
     version is warmed before it serves. Returns the record `warm_version` made, with the
-    front end's ``requests`` answered and ``total_s``; never raises."""
+    front end's ``requests`` answered, ``front_end_s`` and ``total_s``; never raises."""
     t = time.perf_counter()
     rec = warm_version(searcher.follower.current)
-    rec["requests"] = 0
+    rec["requests"], front = 0, time.perf_counter()
     if front_end is not None:
         try:
             rec["requests"] = front_end()
@@ -155,5 +155,13 @@ def warm_server(searcher, front_end=None) -> dict[str, Any]:
             log.warning("warm-up requests through the server failed (%s: %s); the first request pays instead",
                         type(e).__name__, e)
     follow(searcher)
+    rec["front_end_s"] = round(time.perf_counter() - front, 3)
     rec["total_s"] = round(time.perf_counter() - t, 3)
     return rec
+
+
+def describe(rec: dict, unit: str) -> str:
+    """The servers' log line for a `warm_server` record (bench_cpu_embed.py reads its figures)."""
+    return (f"warm-up query answered in {rec['warm_s']:.2f}s (query embedder ready in {rec['embedder_s']:.2f}s; "
+            f"{rec['queries']} more queries in {rec['seconds'] - rec['warm_s']:.2f}s; {rec['requests']} {unit} in "
+            f"{rec['front_end_s']:.2f}s; {rec['total_s']:.2f}s in all)")
