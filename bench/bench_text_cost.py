@@ -5,7 +5,7 @@
 
 One process opens ``INDEX_ROOT`` (any built index: e.g. the 1M-document one that
 ``bench/bench_workloads.py --size 1m`` builds under its ``--work`` folder) and answers each
-query twice, interleaved query by query, in every mode asked for that the index supports:
+query twice, interleaved query by query (which goes first alternates), in every mode asked for that the index supports:
 
 * **ranking alone**: ``search(q, mode=M, k=10, explain=False)``: ids and scores; no
   explanations, passages, citations or evidence text;
@@ -78,20 +78,23 @@ def measure(ix, mode: str, queries: list[str], warm: int, budget: int | None) ->
         ix.search(q, mode=mode, k=10, explain=False)
         ix.search(q, mode=mode, k=10, **kw)
     plain_w, plain_c, full_w, full_c, stages = [], [], [], [], {}
-    for q in queries[warm:]:
+
+    def timed(q: str, explain: bool):
         fresh()
         w, c = time.perf_counter(), time.thread_time()
-        ix.search(q, mode=mode, k=10, explain=False)
-        plain_c.append(time.thread_time() - c)
-        plain_w.append(time.perf_counter() - w)
-        fresh()
-        w, c = time.perf_counter(), time.thread_time()
-        res = ix.search(q, mode=mode, k=10, **kw)
-        full_c.append(time.thread_time() - c)
-        full_w.append(time.perf_counter() - w)
-        for st, ms in (res.trace.get("timings_ms") or {}).items():
-            if isinstance(ms, (int, float)):
-                stages.setdefault(st, []).append(ms)
+        res = ix.search(q, mode=mode, k=10, explain=explain, **(kw if explain else {}))
+        return res, time.perf_counter() - w, time.thread_time() - c
+
+    for i, q in enumerate(queries[warm:]):
+        # Which of the two goes first alternates: the second reads what the first paged in.
+        for explain in ((False, True) if i % 2 == 0 else (True, False)):
+            res, w, c = timed(q, explain)
+            (full_w if explain else plain_w).append(w)
+            (full_c if explain else plain_c).append(c)
+            if explain:
+                for st, ms in (res.trace.get("timings_ms") or {}).items():
+                    if isinstance(ms, (int, float)):
+                        stages.setdefault(st, []).append(ms)
     med = statistics.median
     return {"plain_wall": med(plain_w) * 1e3, "plain_cpu": med(plain_c) * 1e3, "full_wall": med(full_w) * 1e3,
             "full_cpu": med(full_c) * 1e3, "stages": {st: med(v) for st, v in stages.items()},
