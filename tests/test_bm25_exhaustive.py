@@ -264,3 +264,27 @@ def test_an_index_with_float32_impacts_from_an_older_build_opens_and_answers_exa
     with pytest.raises(IndexFormatError) as e:
         open_index(str(root), verify="none")
     assert IMPACT_FILE in str(e.value) and "outside (0, 1]" in str(e.value)
+
+
+@needs_numba
+def test_shards_with_uint16_and_int32_tfs_answer_as_the_reference(monkeypatch):
+    """A build stores tfs as uint16 (``narrow_tfs``); an older build, or a shard with a tf past
+    65,535, as int32. Shards of both widths in one index (a reindex keeps old shards) are read
+    at the wider width (``kernels.tf_dtype``) on every kernel path (exhaustive, pruned,
+    stored levels) and answer as the NumPy reference; shards all uint16 are mapped as they are."""
+    from funnel.pipelines.postings import narrow_tfs
+    monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)
+    docs, ids, words = _corpus(seed=37, n=900, vocab=400)
+    assert narrow_tfs(np.array([1, 65535])).dtype == np.uint16
+    assert narrow_tfs(np.array([1, 65536])).dtype == np.int32
+    queries = _queries(words, n=80, seed=38)
+    for widths in ((np.uint16, np.uint16, np.uint16), (np.uint16, np.int32, np.uint16)):
+        r = _with_impacts(_index(docs, ids, 3))
+        for s, dt in zip(r.index.shards, widths):
+            s.tfs = np.asarray(s.tfs).astype(dt)
+        proto = r._shard_args("lucene-byte4")[1]
+        assert proto[1].dtype == np.result_type(*widths)
+        for prune, rescore in ((-1, -1), (0, -1), (-1, 0)):
+            r.prune_min_postings, r.rescore_min_postings = prune, rescore
+            for k in (10, 100):
+                assert [_ranked(r, t, k) for t in queries] == [_reference(r, t, k) for t in queries], (widths, prune)
