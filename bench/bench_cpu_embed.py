@@ -1,7 +1,7 @@
 """Dense on a CPU: onnxruntime fp32 and int8 against torch, for queries, servers and builds.
 
-    .venv/bin/python bench/bench_cpu_embed.py [--parts ndcg,throughput,query,server]
-        [--data DIR] [--out /tmp/cpu-embed] [--write]
+    .venv/bin/python bench/bench_cpu_embed.py [--parts query,server,throughput,ndcg]
+        [--data DIR] [--out /tmp/cpu-embed] [--before DIR --before-label TEXT] [--write]
 
 Every comparison is measured in one run, baseline and candidate interleaved (the machine is
 shared: CPU seconds and peak RSS are reported beside wall time). Parts, each saved to
@@ -19,12 +19,17 @@ shared: CPU seconds and peak RSS are reported beside wall time). Parts, each sav
   in-process engine: torch's default threads; a Ray CPU actor: one thread) and onnxruntime
   fp32 and int8 at the same thread counts, rounds interleaved: passages per CPU second.
 - ``query``: ``funnel search IDX "q" --mode hybrid`` against ``--mode bm25`` as one-query
-  processes on the fp32 SciFact index, interleaved: median wall, CPU seconds and peak RSS
-  (``os.wait4`` of each child).
+  processes on the SciFact index a CPU build makes by default, interleaved: median wall, CPU
+  seconds and peak RSS (``os.wait4`` of each child; run first, while this process is small).
 - ``server``: ``funnel serve`` and ``funnel mcp --transport streamable-http`` on that index:
-  seconds from start to ready (the warm-up included; its embedder part from the log), the
-  first hybrid request, then the p50 of the next hundred (distinct queries, so the query
-  embedding cache never answers).
+  seconds from start to ready (the warm-up included; its parts from the log), the first
+  hybrid request, then the p50 of the next hundred (distinct queries, so the query embedding
+  cache never answers). The MCP client's one-off compile of the tool's output-schema
+  validator (a client cost) is done before the first timed call and reported apart.
+
+``--before DIR`` adds a before/after table of the issue's targets from the part results of an
+earlier run (its ``OUT`` folder). Each run records the 1-minute load average at the start and
+end of every part it ran (``OUT/load.json``).
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
 RUNTIMES = ("torch", "onnx-int8", "onnx")
-PARTS = ("ndcg", "throughput", "query", "server")
+#: In the order they run: the one-query processes first, while this process is small (a child's
+#: peak RSS from os.wait4 counts what it was forked from: after torch loaded here, every child
+#: would read ~1.4 GiB).
+PARTS = ("query", "server", "throughput", "ndcg")
 MODES = ("dense", "hybrid")
 #: int8 becomes the CPU default only where its NDCG@10 stays this close to torch's on every dataset.
 INT8_BOUND = 0.005
@@ -156,12 +164,13 @@ def part_throughput(a) -> dict:
     cores = os.cpu_count() or 1
     # (label, spec): torch as today's build runs it, onnxruntime at the same thread counts.
     base = {"model": "all-MiniLM-L6-v2", "batch_size": 64, "device": "cpu"}
+    int8 = {**base, "runtime": "onnx", "precision": "int8"}
     configs = [("torch, in-process engine (torch's default threads)", {**base, "runtime": "torch"}),
                ("torch, Ray CPU actor (1 thread)", {**base, "runtime": "torch", "num_threads": 1}),
-               (f"onnx fp32, in-process ({cores} threads)", {**base, "runtime": "onnx"}),
+               (f"onnx fp32, default (in-process, {cores} intra-op threads)", {**base, "runtime": "onnx"}),
                ("onnx fp32, 1 thread", {**base, "runtime": "onnx", "num_threads": 1}),
-               (f"onnx int8, in-process ({cores} threads)", {**base, "runtime": "onnx", "precision": "int8"}),
-               ("onnx int8, 1 thread", {**base, "runtime": "onnx", "precision": "int8", "num_threads": 1})]
+               (f"onnx int8, default (in-process, {cores} intra-op threads)", int8),
+               ("onnx int8, 1 thread (a Ray CPU actor)", {**int8, "num_threads": 1})]
     embedders = {}
     for label, spec in configs:
         embedders[label] = EmbedBatch(spec)  # no cache: every passage through the model
@@ -278,12 +287,19 @@ def _serve_mcp(root: str, port: int, queries: list[str]) -> dict:
             async with ClientSession(r, w, read_timeout_seconds=180) as s:
                 await s.initialize()
                 await s.list_tools()  # what a client does on connecting (and its tool schemas, once)
+                # The client's own first-call cost, which no server can warm: it compiles a
+                # validator for the tool's output schema (jsonschema) on its first call. Done
+                # here, before the first timed call, and reported apart.
+                t = time.perf_counter()
+                s._output_schema_validator("search", s._tool_output_schemas["search"])
+                compile_s.append(time.perf_counter() - t)
                 for q in queries:
                     t = time.perf_counter()
                     await s.call_tool("search", {"query": q, "mode": "hybrid", "k": 10})
                     out.append(time.perf_counter() - t)
         return out
 
+    compile_s: list[float] = []
     try:
         _wait_ready(proc, listening)
         start = time.perf_counter() - t0
@@ -291,7 +307,7 @@ def _serve_mcp(root: str, port: int, queries: list[str]) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"start": start, "times": times, "warm": _warm_seconds(log_path)}
+    return {"start": start, "times": times, "warm": _warm_seconds(log_path), "client_compile": compile_s[0]}
 
 
 def _warm_seconds(log_path: str) -> dict:
@@ -299,7 +315,12 @@ def _warm_seconds(log_path: str) -> dict:
     text = open(log_path).read()
     total = re.findall(r"warm-up query answered in ([0-9.]+)s", text)
     embed = re.findall(r"query embedder ready in ([0-9.]+)s", text)
-    return {"total": float(total[-1]) if total else None, "embedder": float(embed[-1]) if embed else None}
+    whole = re.findall(r"([0-9.]+)s in all\)", text)  # with the requests through the front end
+    more = re.findall(r"more queries in ([0-9.]+)s; \d+ [A-Za-z ]+ in ([0-9.]+)s", text)
+    return {"total": float((whole or total)[-1]) if whole or total else None,
+            "embedder": float(embed[-1]) if embed else None,
+            "version": float(total[-1]) if total else None,  # VersionSearcher.warm, what the warm-up was before
+            "added": sum(map(float, more[-1])) if more else None}  # serving.warmup's queries and requests
 
 
 def part_server(a) -> dict:
@@ -322,8 +343,57 @@ def part_server(a) -> dict:
 # -- report -------------------------------------------------------------------------------------
 
 
-def render(res: dict) -> str:
+def key_figures(res: dict) -> dict:
+    """The issue's targets as measured by the parts in ``res`` (what is missing is left out)."""
+    out = {}
+    if "query" in res:
+        q = res["query"]["rows"]
+        med = {m: {k: statistics.median(x[k] for x in v) for k in ("wall", "cpu", "rss")} for m, v in q.items()}
+        out.update(hybrid_wall=med["hybrid"]["wall"], bm25_wall=med["bm25"]["wall"], hybrid_cpu=med["hybrid"]["cpu"],
+                   bm25_cpu=med["bm25"]["cpu"], hybrid_rss=med["hybrid"]["rss"])
+    if "throughput" in res:
+        t = res["throughput"]
+        rate = {k: statistics.median(t["passages"] / x["cpu"] for x in v) for k, v in t["rows"].items()}
+        today = next(k for k in rate if k.startswith("torch, in-process"))
+        default = next((k for k in rate if k.startswith(("onnx int8, default", "onnx int8, in-process"))), None)
+        if default:
+            out["int8_vs_torch"] = rate[default] / rate[today]
+    for name, starts in res.get("server", {}).items():
+        first = statistics.median(s["times"][0] for s in starts)
+        p50 = statistics.median(t for s in starts for t in s["times"][1:])
+        out[f"{name}_first_p50"] = first / p50
+        out[f"{name}_start"] = statistics.median(s["start"] for s in starts)
+    return out
+
+
+def render_before_after(before: dict, after: dict, label: str) -> list[str]:
+    rows = [("one-query hybrid process, wall s (bm25's)", "hybrid_wall", "bm25_wall", "{:.2f}", "<= 1 s, <= 2x bm25"),
+            ("one-query hybrid process, CPU s (bm25's)", "hybrid_cpu", "bm25_cpu", "{:.2f}", ""),
+            ("one-query hybrid process, peak RSS MiB", "hybrid_rss", None, "{:.0f}", "<= 300"),
+            ("build embedding at the CPU default, passages per CPU s vs torch", "int8_vs_torch", None, "{:.2f}x",
+             ">= 2.5x"),
+            ("HTTP: first request / p50 of the next 100", "http_first_p50", None, "{:.2f}x", "<= 2x"),
+            ("MCP: first request / p50 of the next 100", "mcp_first_p50", None, "{:.2f}x", "<= 2x"),
+            ("HTTP: seconds from start to ready", "http_start", None, "{:.1f}", ""),
+            ("MCP: seconds from start to ready", "mcp_start", None, "{:.1f}", "")]
+
+    def cell(fig: dict, key: str, base: str | None, fmt: str) -> str:
+        if key not in fig:
+            return "-"
+        return fmt.format(fig[key]) + (f" ({fig[base]:.2f})" if base and base in fig else "")
+
+    lines = [f"Before and after ({label}; each measured under its own run's load, see the tables below):", "",
+             "| figure | before | after | target |", "|---|---:|---:|---|"]
+    lines += [f"| {name} | {cell(before, k, b, f)} | {cell(after, k, b, f)} | {target} |" for name, k, b, f, target in rows]
+    return lines + [""]
+
+
+def render(res: dict, before: dict | None = None, before_label: str = "", note: str = "") -> str:
     lines = []
+    if before:
+        lines += render_before_after(key_figures(before), key_figures(res), before_label)
+    if note:
+        lines += [note, ""]
     if "ndcg" in res:
         lines += ["NDCG@10 per build runtime and query runtime (every index built with `funnel build --dense "
                   "--embed-runtime R`, passages on; hybrid at its defaults):", "",
@@ -371,6 +441,16 @@ def render(res: dict) -> str:
         for k in rows:
             lines.append(f"| {k} | {rate[k]:.1f} | {wall[k]:.1f} | {rate[k] / rate[today]:.2f}x "
                          f"| {rate[k] / rate[actor]:.2f}x |")
+        default = next((k for k in rows if k.startswith("onnx int8, default")), None)
+        if default:
+            ray = next((k for k in rows if k.startswith("onnx int8, 1 thread")), None)
+            lines += ["", f"The build's CPU default (onnx int8 in-process, one text at a time on {t['cores']} "
+                      f"intra-op threads): {rate[default] / rate[today]:.2f}x torch's passages per CPU second "
+                      f"(target >= 2.5x), {wall[default] / wall[today]:.2f}x its passages per second of wall"
+                      + (f"; on one thread (a Ray CPU actor) {rate[ray] / rate[today]:.2f}x per CPU second and "
+                         f"{wall[ray] / wall[today]:.2f}x per second of wall" if ray else "")
+                      + ". Every onnxruntime row gives the same vectors bit for bit (the thread count does not "
+                      "change a text's arithmetic; tests/test_onnx_embed.py)."]
         lines.append("")
     if "query" in res:
         q = res["query"]["rows"]
@@ -390,8 +470,10 @@ def render(res: dict) -> str:
                   "of it the query embedder's load and first embedding), the first hybrid request after start "
                   "(median over starts), and the p50 of the hundred after them (distinct SciFact queries; "
                   "the MCP client lists tools on connecting, as clients do):", "",
-                  "| server | start s | warm-up s (embedder) | first request ms | p50 of next 100 ms | first / p50 |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| server | start s | warm-up s (embedder) | of it added by serving.warmup s "
+                  "| first request ms | p50 of next 100 ms | first / p50 |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        compile_ms = [s["client_compile"] * 1000 for s in res["server"].get("mcp", []) if "client_compile" in s]
         for name, starts in res["server"].items():
             first = statistics.median(s["times"][0] for s in starts)
             p50 = statistics.median(t for s in starts for t in s["times"][1:])
@@ -399,17 +481,33 @@ def render(res: dict) -> str:
             total = [s["warm"]["total"] for s in starts if s["warm"]["total"] is not None]
             embed = [s["warm"]["embedder"] for s in starts if s["warm"]["embedder"] is not None]
             warm = f"{statistics.median(total):.2f} ({statistics.median(embed):.2f})" if total and embed else "?"
-            lines.append(f"| {name} | {start:.1f} | {warm} | {first * 1000:.0f} | {p50 * 1000:.0f} "
+            added = [s["warm"]["added"] for s in starts if s["warm"].get("added") is not None]
+            added = f"{statistics.median(added):.2f}" if added else "-"
+            lines.append(f"| {name} | {start:.1f} | {warm} | {added} | {first * 1000:.0f} | {p50 * 1000:.0f} "
                          f"| {first / p50:.2f}x |")
+        lines += ["", "The warm-up (serving/warmup.py) answers a BM25 and a hybrid query on the version "
+                  "(VersionSearcher.warm, all of the warm-up before), then 3 "
+                  "queries from documents spread over the corpus, first on the version and then as requests through "
+                  "the server's own front end in-process (the HTTP app; the MCP server through an in-memory client "
+                  "session); a newly published version is warmed the same way before it serves."]
+        if compile_ms:
+            lines.append(f"The MCP client compiles a validator for the search tool's output schema on its first call "
+                         f"({statistics.median(compile_ms):.0f} ms here, median over starts), a cost of the client that "
+                         "no server can warm: the bench has it done before the first timed call.")
         lines.append("")
+    load = res.get("load") or {}
+    shown = "; ".join(f"{p} {load[p][0]:.1f} to {load[p][1]:.1f}" if p in load else f"{p} not recorded (its "
+                      "results come from an earlier run of this script)" for p in PARTS if p in res)
     lines += ["Each part interleaves its own baseline and candidates; the parts ran at different times of a "
-              "shared 2-core machine (load 3 to 30), so compare within a table, not across tables. An fp32 "
+              f"shared 2-core machine (1-minute load average at each part's start and end: {shown}), so compare "
+              "within a table, not across tables. An fp32 "
               "index's NDCG is read from the torch index queried through onnxruntime fp32 (the serving path) "
               "plus the cosine of the document side above, not from a separate fp32 build (--fp32-builds "
               "makes one). int8 runs one text per onnxruntime call (its dynamic quantization would otherwise "
               "tie a vector to its batch), as do fp32 runs (faster on this CPU than batches of 64)."]
-    return "\n".join(lines).rstrip() + "\n\nCommand: `.venv/bin/python bench/bench_cpu_embed.py --write` (2-core " \
-                                       "shared machine, load varying)."
+    return "\n".join(lines).rstrip() + "\n\nCommand: `.venv/bin/python bench/bench_cpu_embed.py --write` (parts may " \
+                                       "run apart, `--parts P`, and the section be rendered with `--render`; " \
+                                       "`--before DIR` for the before/after table; 2-core shared machine, load varying)."
 
 
 def main(argv=None) -> None:
@@ -428,6 +526,11 @@ def main(argv=None) -> None:
                         "document side is checked by the cosine of --cosine-passages passages")
     p.add_argument("--cosine-passages", type=int, default=256, help="ndcg: passages per dataset compared")
     p.add_argument("--datasets", default="scifact,nfcorpus,longdocs", help="ndcg: which datasets")
+    p.add_argument("--before", help="a folder of part results (PART.json) of an earlier run, shown beside this "
+                                    "run's in a before/after table")
+    p.add_argument("--before-label", default="before: an earlier run of this script",
+                   help="what the --before run measured (a commit, a date)")
+    p.add_argument("--note", default="", help="a paragraph shown under the before/after table (what to read it with)")
     a = p.parse_args(argv)
     parts = [x for x in a.parts.split(",") if x]
     unknown = set(parts) - set(PARTS)
@@ -435,15 +538,29 @@ def main(argv=None) -> None:
         sys.exit(f"error: unknown part(s) {sorted(unknown)}; choose from {', '.join(PARTS)}")
     os.makedirs(a.out, exist_ok=True)
     res = {}
+    load_path = os.path.join(a.out, "load.json")
+    loads = json.load(open(load_path)) if os.path.exists(load_path) else {}
     for part in PARTS:
         path = os.path.join(a.out, f"{part}.json")
         if part in parts and not a.render:
+            before = os.getloadavg()[0]
             res[part] = globals()[f"part_{part}"](a)
             with open(path, "w") as f:
                 json.dump(res[part], f, indent=1)
+            loads[part] = [before, os.getloadavg()[0]]  # 1-minute load average at its start and end
+            with open(load_path, "w") as f:
+                json.dump(loads, f)
         elif os.path.exists(path):
             res[part] = json.load(open(path))
-    report("cpu-embed", "Dense on a CPU: onnxruntime against torch (bench_cpu_embed.py)", render(res), a.write)
+    res["load"] = {p: v for p, v in loads.items() if p in res}
+    before = {}
+    if a.before:
+        before = {part: json.load(open(os.path.join(a.before, f"{part}.json"))) for part in PARTS
+                  if os.path.exists(os.path.join(a.before, f"{part}.json"))}
+        if not before:
+            sys.exit(f"error: --before {a.before} holds no part results ({', '.join(f'{x}.json' for x in PARTS)})")
+    report("cpu-embed", "Dense on a CPU: onnxruntime against torch (bench_cpu_embed.py)",
+           render(res, before, a.before_label, a.note), a.write)
 
 
 if __name__ == "__main__":
