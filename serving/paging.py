@@ -72,9 +72,12 @@ def bm25_total(index, terms, mask, returned: int, budget: int = EXACT_TOTAL_POST
     doc_off = np.cumsum([0] + [s.n_docs for s in index.shards])
     seen: dict[int, np.ndarray] = {}
     spent, exact = 0, True
-    for g in gids[np.argsort(dfs, kind="stable")].tolist():
+    order = gids[np.argsort(dfs, kind="stable")]
+    # Each shard's local ids of every term in one lookup (a binary search in its term table).
+    local = [shard.local_terms(order).tolist() for shard in index.shards]
+    for i in range(len(order)):
         for s, shard in enumerate(index.shards):
-            li = int(shard.local_terms(np.asarray([g], dtype=np.int64))[0])
+            li = int(local[s][i])
             if li < 0:
                 continue
             a, b = int(shard.indptr[li]), int(shard.indptr[li + 1])

@@ -241,7 +241,9 @@ def bm25_of_docnos(retriever, terms: dict[str, float], docnos: np.ndarray, param
             if e <= a:
                 continue
             d = np.asarray(sh.docs[a:e])
-            j = np.minimum(np.searchsorted(d, loc), len(d) - 1)
+            # loc in the postings' dtype (a shard's local ids fit it): mixed dtypes would
+            # convert the whole postings list on every call.
+            j = np.minimum(np.searchsorted(d, loc.astype(d.dtype)), len(d) - 1)
             tf = np.where(d[j] == loc, np.asarray(sh.tfs[a:e])[j], 0).astype(np.float64)
             out[sel] += w * tf / (tf + denom)
     return out
