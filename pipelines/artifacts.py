@@ -46,7 +46,13 @@ from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+#: The index format this funnel writes. 2: BM25 impacts as uint16 levels and tfs as uint16
+#: (issue 50); 1: float32 impacts, int32 tfs. Funnel before 2 refuses a version-2 index with
+#: a message to rebuild (or upgrade), instead of reading the narrower arrays as damage.
+FORMAT_VERSION = 2
+#: The formats this funnel reads: version 1 indexes open and are scored exactly from their
+#: tfs until rebuilt (docs/index-format.md, "Older indexes").
+READ_FORMAT_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MANIFEST_SUM = "manifest.json.sha256"   # the manifest's own checksum, next to it
 CURRENT = "CURRENT"
@@ -434,10 +440,10 @@ def load_manifest(version_dir: str, check: bool = True) -> dict:
     if check:
         _check_manifest_sum(version_dir, raw, m)
     fv = m.get("format_version")
-    if fv != FORMAT_VERSION:
+    if fv not in READ_FORMAT_VERSIONS:
         raise IndexFormatError(
-            f"{version_dir} has index format version {fv}; this funnel reads version {FORMAT_VERSION}. "
-            "Rebuild the index with this funnel (funnel build ...)")
+            f"{version_dir} has index format version {fv}; this funnel reads versions "
+            f"{', '.join(map(str, READ_FORMAT_VERSIONS))}. Rebuild the index with this funnel (funnel build ...)")
     return m
 
 
