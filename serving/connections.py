@@ -41,6 +41,10 @@ DEFAULT_KEEP_ALIVE_S = 5.0
 #: process commonly gets 1,024 of them, part of which the index's memory maps take.
 DEFAULT_MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_CAP = 65_536
+#: Seconds a connection answered 408 stays half-open (our side closed for writing), reading and
+#: dropping what the client still sends, before it is closed: closing at once makes the
+#: client's next bytes draw a reset, which discards the 408 unread on the client's side.
+LINGER_S = 1.0
 
 
 def _seconds(name: str, value: float) -> float:
@@ -90,6 +94,7 @@ class BoundedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
+        self._lingering = False
         if len(self.server_state.connections) >= self.limits.max_connections:
             self.transport = transport
             log.warning("refused a connection: %d are open, the limit (--max-connections)",
@@ -113,6 +118,8 @@ class BoundedH11Protocol(H11Protocol):
             self._head_timer = None
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # answered 408 and closing: dropped
         if self._head_timer is not None and data:
             self._head_bytes = True
         super().data_received(data)
@@ -142,6 +149,13 @@ class BoundedH11Protocol(H11Protocol):
             self.transport.write(_raw_response(
                 408, "Request Timeout", f"request head incomplete: the request line and headers must arrive "
                                         f"within {self.limits.header_timeout_s:g} s (--header-timeout)"))
+            if self.transport.can_write_eof():
+                # A lingering close (LINGER_S): the 408 and our end of the stream go out now; the
+                # connection closes when the client closes or LINGER_S later, whichever is first.
+                self._lingering = True
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+                return
         self.transport.close()
 
 
