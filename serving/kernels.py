@@ -1479,34 +1479,6 @@ if HAVE_NUMBA:
         return out_d, out_t
 
     @njit(cache=_CACHE, nogil=True)
-    def _fill_impacts(docs, tfs, code, table, itab, out):
-        """Each posting's impact into ``out`` (float64);
-        0, or the ``FAULT_*`` of a posting whose document is outside ``code`` or whose tf is
-        below 1 (every impact is then above 0, as the kernels that read them require)."""
-        und = np.uint64(code.shape[0])
-        ucap = np.uint64(itab.shape[0] // table.shape[0])
-        nt = np.uint64(table.shape[0])
-        for p in range(docs.shape[0]):
-            d = np.uint64(docs[p])
-            t = np.uint64(tfs[p])
-            if _bad_posting(d, und, t):
-                return _posting_fault(d, und)
-            out[p] = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
-        return 0
-
-    def _impacts_or_fault(docs, tfs, code, table, itab, out):
-        fault = _fill_impacts(docs, tfs, code, table, itab, out)
-        if fault:
-            from .errors import ShardFault
-            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
-        return out
-
-    def posting_impacts(docs, tfs, code, table, itab):
-        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it.
-        Raises ``errors.ShardFault`` at a document id outside ``code`` or a tf below 1."""
-        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
-
-    @njit(cache=_CACHE, nogil=True)
     def _quantize(v):
         """The least level q with q · IMPACT_STEP >= v (float64 compares), for v in (0, 1]:
         at least 1, at most IMPACT_LEVELS (`_approx_margin` relies on both)."""
@@ -1518,8 +1490,11 @@ if HAVE_NUMBA:
         return q
 
     @njit(cache=_CACHE, nogil=True)
-    def _fill_levels(docs, tfs, code, table, itab, out):
-        """`_fill_impacts` with each impact stored as its level (`_quantize`)."""
+    def _fill_impacts(docs, tfs, code, table, itab, out, levels):
+        """Each posting's impact into ``out``: as it is (float64), or with ``levels`` as its
+        level (`_quantize`); 0, or the ``FAULT_*`` of a posting whose document is outside
+        ``code`` or whose tf is below 1 (every impact is then above 0, as the kernels that read
+        them require)."""
         und = np.uint64(code.shape[0])
         ucap = np.uint64(itab.shape[0] // table.shape[0])
         nt = np.uint64(table.shape[0])
@@ -1528,20 +1503,28 @@ if HAVE_NUMBA:
             t = np.uint64(tfs[p])
             if _bad_posting(d, und, t):
                 return _posting_fault(d, und)
-            out[p] = _quantize(_impact_u(t, np.uint64(code[d]), table, itab, ucap, nt))
+            v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
+            out[p] = _quantize(v) if levels else v
         return 0
+
+    def _impacts_or_fault(docs, tfs, code, table, itab, out, levels=False):
+        fault = _fill_impacts(docs, tfs, code, table, itab, out, levels)
+        if fault:
+            from .errors import ShardFault
+            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
+        return out
+
+    def posting_impacts(docs, tfs, code, table, itab):
+        """Each posting's ``tf / (tf + table[code[doc]])``, as ``_accumulate`` computes it.
+        Raises ``errors.ShardFault`` at a document id outside ``code`` or a tf below 1."""
+        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0]))
 
     def posting_levels(docs, tfs, code, table, itab):
         """Each posting's impact (`posting_impacts`) as an ``IMPACT_DTYPE`` level
         (`_quantize`): what the build stores (``impacts.npy``) for the exhaustive kernels'
         approximate pass, whose candidates are then rescored exactly (``_rescore_shard``).
         Raises ``errors.ShardFault`` as `posting_impacts` does."""
-        out = np.empty(docs.shape[0], dtype=IMPACT_DTYPE)
-        fault = _fill_levels(docs, tfs, code, table, itab, out)
-        if fault:
-            from .errors import ShardFault
-            raise ShardFault(FAULT_FILES[fault], FAULT_REASONS[fault])
-        return out
+        return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=IMPACT_DTYPE), True)
 
     @njit(cache=_CACHE, nogil=True)
     def _local_terms(term_gid, gids, local):
