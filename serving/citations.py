@@ -75,6 +75,16 @@ def lexical_best(text: str, spans: np.ndarray, terms: set[str], analyze: Callabl
     return int(np.lexsort((np.arange(len(spans)), -total, -distinct))[0])
 
 
+def last_visible(text: str, start: int, end: int) -> int:
+    """The offset of the last character of ``text[start:end]`` that is not white space
+    (``start`` where there is none): a range's last page is that character's, so a range
+    ending on a page break is still on the page before it."""
+    last = end - 1
+    while last > start and text[last].isspace():
+        last -= 1
+    return max(last, start)
+
+
 def make_citation(text: str, start: int, end: int, ordinal: int | None, via: str,
                   score: float | None = None) -> Citation:
     """A `Citation` of ``text[start:end]`` with its lines."""

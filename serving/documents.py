@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import bounds
-from .citations import MAX_RANGE_CHARS, text_range
+from .citations import MAX_RANGE_CHARS, last_visible, text_range
 from .errors import SearchError
 
 # ``vs`` is the calling ``serving.search.VersionSearcher``; it is named in annotations as a
@@ -146,10 +146,7 @@ def page_span(fields: dict, text: str, start: int, end: int) -> tuple[int, int] 
         starts = None
         if not is_pdf:
             return None
-    last = end - 1
-    while last > start and text[last].isspace():
-        last -= 1
-    last = max(last, start)
+    last = last_visible(text, start, end)
     if starts is not None:
         return max(1, bisect.bisect_right(starts, start)), max(1, bisect.bisect_right(starts, last))
     return text.count("\f", 0, start) + 1, text.count("\f", 0, last) + 1

@@ -40,6 +40,7 @@ import numpy as np
 
 from funnel.pipelines.passages import line_span
 
+from .citations import last_visible
 from .context import approx_tokens, truncate_to_budget
 from .passage_rank import PassageRanking, sentence_bounds, units
 from .result import Hit
@@ -77,13 +78,8 @@ def where(text: str, a: int, b: int) -> str:
     first, last = line_span(text, a, b)
     out = f"line {first}" if first == last else f"lines {first}-{last}"
     if "\f" in text:
-        # The last page is the one of the range's last character that is not white space (a
-        # passage ending on a page break does not reach the next page), as the citation's
-        # page_end counts it (documents.page_span).
-        last = b - 1
-        while last > a and text[last].isspace():
-            last -= 1
-        p, q = text.count("\f", 0, a) + 1, text.count("\f", 0, max(a, last)) + 1
+        # The last page as the citation's page_end counts it (documents.page_span).
+        p, q = text.count("\f", 0, a) + 1, text.count("\f", 0, last_visible(text, a, b)) + 1
         out += f", page {p}" if p == q else f", pages {p}-{q}"
     return f"{out}, start={a}, end={b}"
 
