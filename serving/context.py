@@ -196,25 +196,21 @@ def pack_ranked(passages: list[Passage], budget_tokens: int,
     docs: dict[str, tuple[list[int], list[int], list[Passage], list[int]]] = {}
     used = chars = 0
 
-    def with_(q: Passage) -> tuple[int, int, Passage, int]:
-        """(lo, hi, the merged span, the selection's cost with it): q merges with spans[lo:hi]."""
+    def take(q: Passage) -> bool:
+        """Take q if the selection stays within the budget: q merges with spans[lo:hi]."""
+        nonlocal used, chars
         starts, ends, ps, costs = docs.get(q.doc_id) or ([], [], [], [])
         lo = bisect.bisect_left(ends, q.start - MERGE_GAP)
         hi = bisect.bisect_right(starts, q.end + MERGE_GAP)
         merged = merge_passages(ps[lo:hi] + [q])[0] if hi > lo else q
-        return lo, hi, merged, used - sum(costs[lo:hi]) + count_tokens(merged.text)
-
-    def take(q: Passage) -> bool:
-        """Take q if the selection stays within the budget."""
-        nonlocal used, chars
-        lo, hi, merged, cost = with_(q)
-        if cost > budget_tokens:
+        cost = count_tokens(merged.text)
+        total = used - sum(costs[lo:hi]) + cost
+        if total > budget_tokens:
             return False
-        starts, ends, ps, costs = docs.setdefault(q.doc_id, ([], [], [], []))
+        starts, ends, ps, costs = docs.setdefault(q.doc_id, (starts, ends, ps, costs))
         chars += len(merged.text) - sum(len(p.text) for p in ps[lo:hi])
-        starts[lo:hi], ends[lo:hi], ps[lo:hi] = [merged.start], [merged.end], [merged]
-        costs[lo:hi] = [cost - (used - sum(costs[lo:hi]))]
-        used = cost
+        starts[lo:hi], ends[lo:hi], ps[lo:hi], costs[lo:hi] = [merged.start], [merged.end], [merged], [cost]
+        used = total
         return True
 
     for p in passages:

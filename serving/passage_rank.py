@@ -73,9 +73,6 @@ class PassageRanking:
     analyze: Callable[[str], list[str]]
     _worth: np.ndarray | None = field(default=None, repr=False)  # w·idf per column of sorted(terms)
 
-    def by_docno(self) -> dict[int, DocPassages]:
-        return {d.docno: d for d in self.docs}
-
     def via(self, d: DocPassages, j: int) -> str:
         """The signals that ranked passage ``j`` of ``d``: "dense+bm25", "dense", "terms", ...
         (a passage without a query term has no lexical score; one without either, "terms")."""
