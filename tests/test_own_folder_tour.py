@@ -37,7 +37,7 @@ from funnel.serving.http import create_app
 from funnel.serving.mcp import build_mcp_server
 from funnel.serving.search import open_index
 from servers import live_server
-from test_folder_corpus import make_pdf
+from test_folder_corpus import TEXINFO_HTML, make_pdf
 from test_mcp import with_client
 
 # -- the folder ---------------------------------------------------------------------------------
@@ -70,26 +70,6 @@ SPHINX_HTML = """<html><head><title>Install &#8212; Docs</title></head><body>
 heading">¶</a></h1><p>Run the quokka installer at the harbor.</p><section id="options"><h2>Options<a
 class="headerlink" href="#options" title="Permalink to this headline">¶</a></h2><p>There are none.</p></section>
 </section></div></body></html>
-"""
-
-TEXINFO_HTML = """<!DOCTYPE html><html><head><title>Invoking (GNU Grep 3.11)</title></head><body lang="en">
-<div class="chapter-level-extent" id="Invoking">
-<div class="nav-panel">
-<p>Next: <a href="Regular-Expressions.html" accesskey="n" rel="next">Regular Expressions</a>, Previous:
-<a href="Introduction.html" accesskey="p" rel="prev">Introduction</a>, Up: <a href="index.html" accesskey="u"
-rel="up">grep</a> &nbsp; [<a href="index.html#SEC_Contents" title="Table of contents" rel="contents">Contents</a>][<a
-href="Index.html" title="Index" rel="index">Index</a>]</p>
-</div>
-<hr>
-<h2 class="chapter" id="Invoking-grep"><span>2 Invoking grep<a class="copiable-link" href="#Invoking-grep"> &para;</a>
-</span></h2>
-<p>The general synopsis of the grep command line is the wildebeest form.</p>
-<hr>
-<div class="nav-panel">
-<p>Next: <a href="Regular-Expressions.html" rel="next">Regular Expressions</a>, Previous: <a href="Introduction.html"
-rel="prev">Introduction</a>, Up: <a href="index.html" rel="up">grep</a></p>
-</div>
-</div></body></html>
 """
 
 
