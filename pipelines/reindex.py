@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
+from .docstore import store_paths, write_store_table
 from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
 from .postings import POSTING_FILES, ShardPostings, add_document, write_shard
 from .shard import corpus_fingerprint_part, shard_name
@@ -283,6 +284,7 @@ def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:
     if "fields" in rows.column_names and rows.column("fields").null_count < n:  # as the build: only if any
         table = table.append_column("fields", rows.column("fields"))
     pq.write_table(table, os.path.join(out_dir, "docs", f"{shard_name(shard)}.parquet"), row_group_size=DOCS_ROW_GROUP)
+    write_store_table(os.path.join(out_dir, "docs"), shard_name(shard), table)
 
 
 # -- pass 2: one shard -------------------------------------------------------------------
@@ -352,6 +354,12 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
             os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
             shutil.copyfile(os.path.join(live_dir, "docs", f"{name}.parquet"),
                             os.path.join(out_dir, "docs", f"{name}.parquet"))
+            live_store = store_paths(os.path.join(live_dir, "docs"), name)
+            if all(os.path.exists(p) for p in live_store):
+                for p, q in zip(live_store, store_paths(os.path.join(out_dir, "docs"), name)):
+                    shutil.copyfile(p, q)
+            else:  # a shard from a build before the store: it gets one now
+                write_store_table(os.path.join(out_dir, "docs"), name, rows)
         else:  # new fields (an ACL, a label) on the same texts: only the stored rows change
             write_docs_table(out_dir, shard, rows)
         doclen = np.load(os.path.join(dst, "doclen.npy"))

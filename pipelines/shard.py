@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
+from .docstore import write_store
 from .postings import PostingsBuilder, write_shard
 
 #: Documents analyzed between two ``progress`` calls of `build_lexical_shard`.
@@ -75,9 +76,12 @@ def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
         "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
     })
     fields = rows.get("fields")
+    kept_fields = None
     if fields is not None and any(fields[i] is not None for i in keep):  # kept fields (pipelines.fields)
-        table = table.append_column("fields", pa.array([fields[i] for i in keep], pa.string()))
+        kept_fields = [fields[i] for i in keep]
+        table = table.append_column("fields", pa.array(kept_fields, pa.string()))
     pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=DOCS_ROW_GROUP)
+    write_store(os.path.join(out_dir, "docs"), name, doc_ids, titles, texts, hashes, kept_fields)
     os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
     with open(os.path.join(work_dir, "rejects", f"{name}.json"), "w") as f:
         json.dump(rejects, f)

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from funnel.pipelines import remote
 from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+from funnel.pipelines.docstore import STORE_BLOCK, StoreBlock, StoreDamaged, StoreReader, store_paths
 from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_ids
 from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
@@ -105,10 +106,12 @@ _FIELDS_COLUMN = "fields"
 
 
 class DocStore:
-    """Documents by docno, from ``docs/shard-NNNN.parquet``.
+    """Documents by docno, from ``docs/shard-NNNN.store`` (or ``.parquet``).
 
-    Ids load at open; a document's text is read with its parquet row group (``DOCS_ROW_GROUP``
-    rows) the first time it is asked for, and decoded groups stay in an LRU bounded by
+    Ids load at open; a document's text is read with its stored block (``STORE_BLOCK``
+    documents, ~40 us; pipelines.docstore) the first time it is asked for, or, for a shard
+    built before the store, with its parquet row group (``DOCS_ROW_GROUP`` rows, ~1.3 ms).
+    Decoded blocks and groups stay in an LRU bounded by
     ``cache_bytes`` of their text, so memory does not grow with the corpus (keeping a whole
     shard's text as Python strings once one of its documents is shown would). A miss reads
     its group only
@@ -116,8 +119,15 @@ class DocStore:
     still works, with larger reads).
     """
 
-    def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None):
+    def __init__(self, version_dir: str, n_shards: int, cache_bytes: int | None = None,
+                 damaged: Callable[[str, str], Exception] | None = None):
         self.dir = os.path.join(version_dir, "docs")
+        # A store found damaged by a read: recorded as a query's finding (``IndexVersion.damaged``:
+        # the version stops being served) where the version gives a recorder. Held weakly: the
+        # version holds this store, and a cycle would keep a replaced version (and its reader
+        # lease) alive until a garbage collection.
+        self._on_damage = weakref.WeakMethod(damaged) if hasattr(damaged, "__self__") else \
+            (lambda: damaged)
         self.n_shards = n_shards
         self.cache_bytes = DOC_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}  # shard: (file, group starts)
@@ -125,6 +135,7 @@ class DocStore:
         # thread is using (one ParquetFile is not documented as safe to read from two threads
         # at once); a request thread takes one, or opens one when all are busy, and puts it back.
         self._idle: dict[int, list[pq.ParquetFile]] = {}
+        self._stores: dict[int, StoreReader | None] = {}  # shard: its store (None: it has none)
         self._groups: OrderedDict[tuple[int, int], tuple[dict[str, list], int]] = OrderedDict()
         self._cached = 0  # text bytes in self._groups
         self._lock = threading.Lock()
@@ -315,41 +326,85 @@ class DocStore:
             self._cached -= self._groups.popitem(last=False)[1][1]
         return hit
 
-    def _row(self, shard: int, i: int) -> tuple[dict[str, list], int]:
-        """(the decoded text columns of the row group holding the shard's row ``i``, i's row there).
+    def _row(self, shard: int, i: int) -> tuple[StoreBlock | dict[str, list], int]:
+        """(the stored block, or the decoded text columns of the row group, holding the shard's
+        row ``i``; i's row there).
 
-        A miss reads that one group (``DOCS_ROW_GROUP`` rows, ~1 ms), never the whole shard:
-        reading a whole 250K-document shard for one snippet costs about a second. The read and the decoding run outside the lock,
-        so concurrent requests wait for each other only to look up and update the cache; two
+        A miss reads that one block (``STORE_BLOCK`` documents) or, for a shard without a store,
+        that one group (``DOCS_ROW_GROUP`` rows, ~1 ms), never the whole shard: reading a
+        whole 250K-document shard for one snippet costs about a second. The read and the
+        decoding run outside the lock, so concurrent requests wait for each other only to look up and update the cache; two
         threads missing the same group at once may both read it, and the first to finish
         caches it."""
         with self._lock:
             _, starts = self._file(shard)
             if not 0 <= i < starts[-1]:
                 raise IndexError(f"shard {shard} has {starts[-1]} documents, no document {i}")
-            g = int(np.searchsorted(starts, i, side="right")) - 1
-            key, r = (shard, g), i - int(starts[g])
+            store = self._store(shard, int(starts[-1]))
+            if store is not None:
+                g, r = divmod(i, STORE_BLOCK)
+            else:
+                g = int(np.searchsorted(starts, i, side="right")) - 1
+                r = i - int(starts[g])
+            key = (shard, g)
             hit = self._groups.get(key)
             if hit is not None:
                 self._groups.move_to_end(key)
                 return hit[0], r
-        hit = self._decode(self._read(shard, g))
+        if store is not None:
+            try:
+                hit = store.block(g)
+            except StoreDamaged as e:
+                raise self._store_damaged(store.path, e) from e
+        else:
+            hit = self._decode(self._read(shard, g))
         with self._lock:
             return self._keep(key, hit)[0], r
 
-    def get(self, n: int) -> dict:
+    def _store(self, shard: int, n_docs: int) -> StoreReader | None:
+        """The shard's store, opened and checked at its first use (lock held); None where the
+        shard has none (built before the store: its parquet groups are read instead)."""
+        if shard in self._stores:
+            return self._stores[shard]
+        store, index = store_paths(self.dir, shard_name(shard))
+        got = None
+        if os.path.exists(store) or os.path.exists(index):
+            try:
+                got = StoreReader(store, index, n_docs)
+            except (OSError, StoreDamaged) as e:
+                raise self._store_damaged(store, e) from e
+        self._stores[shard] = got
+        return got
+
+    def _values(self, n: int, columns: tuple[str, ...]) -> list:
+        """Document ``n``'s ``columns``, from its stored block or its parquet row group."""
         s, i = split_docno(n)
-        cols, r = self._row(s, i)
-        return {"doc_id": cols["doc_id"][r], "title": cols["title"][r], "text": cols["text"][r],
-                "content_hash": cols["content_hash"][r], "shard": s, "local_id": i}
+        block, r = self._row(s, i)
+        if isinstance(block, StoreBlock):
+            try:
+                return [block.value(c, r) for c in columns]
+            except StoreDamaged as e:
+                raise self._store_damaged(block.path, e) from e
+        return [block[c][r] if c in block else None for c in columns]
+
+    def _store_damaged(self, path: str, e: Exception) -> Exception:
+        """The error for a store that does not read as its index says (``StoreDamaged``)."""
+        record = self._on_damage()
+        if record is None:
+            return _damaged(path, e)
+        rel = os.path.relpath(path, os.path.dirname(self.dir))
+        return record(rel, str(e).removeprefix(f"{path}: "))
+
+    def get(self, n: int) -> dict:
+        doc_id, title, text, content_hash = self._values(n, _TEXT_COLUMNS)
+        s, i = split_docno(n)
+        return {"doc_id": doc_id, "title": title, "text": text, "content_hash": content_hash, "shard": s,
+                "local_id": i}
 
     def fields_json(self, n: int) -> str | None:
         """Document ``n``'s fields as the JSON text the build stored (None: it has none, or the
-        index was built before documents kept fields); read with its row group, as ``get``."""
-        s, i = split_docno(n)
-        cols, r = self._row(s, i)
-        got = cols.get(_FIELDS_COLUMN)
-        return got[r] if got is not None else None
+        index was built before documents kept fields); read with its block, as ``get``."""
+        return self._values(n, (_FIELDS_COLUMN,))[0]
 
 
 class IndexVersion:
@@ -436,7 +491,7 @@ class IndexVersion:
         self.df = df
         self.cf = cf
         self.idf = idf_lucene(df, self.n_docs_nonempty)
-        self.docs = DocStore(self.dir, self.n_shards)
+        self.docs = DocStore(self.dir, self.n_shards, damaged=self.damaged)
         if len(self.docs) != self.n_docs:
             raise IndexFormatError(f"index version {self.dir} is damaged: its documents files hold {len(self.docs)} "
                                    f"documents, its manifest says {self.n_docs}; run `funnel verify INDEX_ROOT` "

@@ -1,16 +1,21 @@
-"""The document store reads text a parquet row group at a time and keeps a bounded number of
-decoded groups: whatever the bound, every document comes back whole and correct."""
+"""The document store reads text a stored block at a time (``pipelines/docstore.py``), or a
+parquet row group at a time for an index built before the store, and keeps a bounded number
+of decoded blocks or groups: whatever the bound, every document comes back whole and correct.
+Each test runs on both (``kind``): the built index, and a copy without its ``.store`` files."""
 
 from __future__ import annotations
 
+import glob
 import math
 import os
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
 
 from funnel.jobs.build_index import build
 from funnel.pipelines.artifacts import DOCS_ROW_GROUP
+from funnel.pipelines.docstore import STORE_BLOCK
 from funnel.serving.index import DocStore
 from funnel.serving.result import split_docno
 
@@ -32,6 +37,23 @@ def built(tmp_path_factory):
     return vdir, {r["_id"]: r for r in rows}
 
 
+#: Blocks (or row groups) the 700 documents make.
+UNITS = {"store": math.ceil(N_DOCS / STORE_BLOCK), "parquet": 3}
+
+
+@pytest.fixture(scope="module", params=["store", "parquet"])
+def kind(request, built, tmp_path_factory) -> tuple[str, dict, str]:
+    """(version dir, rows, "store" or "parquet"): the parquet one is a copy without stores."""
+    vdir, rows = built
+    if request.param == "parquet":
+        old = str(tmp_path_factory.mktemp("parquet-only") / os.path.basename(vdir))
+        shutil.copytree(vdir, old)
+        for p in glob.glob(os.path.join(old, "docs", "*.store*")):
+            os.remove(p)
+        vdir = old
+    return vdir, rows, request.param
+
+
 def _docnos(store: DocStore) -> list[int]:
     n = len(store)
     # Interleaved across the row groups, so that a small cache keeps evicting and re-reading.
@@ -47,8 +69,8 @@ def test_docs_file_has_row_groups_of_the_declared_size(built):
 
 
 @pytest.mark.parametrize("cache_bytes", [1, 10 ** 9])
-def test_every_document_comes_back_whole_whatever_the_cache_bound(built, cache_bytes):
-    vdir, rows = built
+def test_every_document_comes_back_whole_whatever_the_cache_bound(kind, cache_bytes):
+    vdir, rows, how = kind
     store = DocStore(vdir, 1, cache_bytes=cache_bytes)
     seen = set()
     for n in _docnos(store):
@@ -59,41 +81,48 @@ def test_every_document_comes_back_whole_whatever_the_cache_bound(built, cache_b
         assert d["doc_id"] == store.doc_id(n)
         seen.add(d["doc_id"])
     assert seen == set(rows)
-    if cache_bytes == 1:  # the bound holds: the group just read is all that stays
+    if cache_bytes == 1:  # the bound holds: the block or group just read is all that stays
         assert len(store._groups) == 1
     else:
-        assert len(store._groups) == 3
+        assert len(store._groups) == UNITS[how]
     assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
 
 
-def test_a_miss_reads_only_the_row_group_it_needs(built):
-    """However large the bound, one document costs one row group's read, never the shard's:
-    the first query at 1M documents read three whole 250K-document shards (~1 s each) to
-    show ten snippets."""
-    vdir, rows = built
+def test_a_miss_reads_only_the_block_or_row_group_it_needs(kind):
+    """However large the bound, one document costs one block's (or row group's) read, never
+    the shard's: the first query at 1M documents read three whole 250K-document shards
+    (~1 s each) to show ten snippets."""
+    vdir, rows, how = kind
     store = DocStore(vdir, 1, cache_bytes=10 ** 9)
     reads = []
-    real = store._read
-    store._read = lambda shard, group: reads.append((shard, group)) or real(shard, group)
+    if how == "store":
+        reader = store._store(0, N_DOCS)
+        real_block = reader.block
+        reader.block = lambda b: reads.append((0, b)) or real_block(b)
+    else:
+        real = store._read
+        store._read = lambda shard, group: reads.append((shard, group)) or real(shard, group)
+    last_unit = UNITS[how] - 1
     last = (0 << 32) + N_DOCS - 1
     assert store.get(last)["doc_id"] == f"d{N_DOCS - 1:04d}"
-    assert reads == [(0, 2)] and list(store._groups) == [(0, 2)]
+    assert reads == [(0, last_unit)] and list(store._groups) == [(0, last_unit)]
     assert store.get(last - 1)["text"] == rows[f"d{N_DOCS - 2:04d}"]["text"]
-    assert reads == [(0, 2)]  # the same group, from the cache
+    assert reads == [(0, last_unit)]  # the same block or group, from the cache
     store.get(0)
-    assert reads == [(0, 2), (0, 0)]
+    assert reads == [(0, last_unit), (0, 0)]
 
 
-def test_a_local_id_past_the_shard_is_an_index_error(built):
-    vdir, _ = built
+def test_a_local_id_past_the_shard_is_an_index_error(kind):
+    vdir, _, _ = kind
     store = DocStore(vdir, 1)
     with pytest.raises(IndexError, match="has 700 documents"):
         store.get(N_DOCS)
 
 
 @pytest.mark.parametrize("cache_bytes", [1, 10 ** 9])
-def test_concurrent_readers_get_every_document_right(built, cache_bytes):
-    """Reads run outside the store's lock, each on a parquet handle of its own: eight threads
+def test_concurrent_readers_get_every_document_right(kind, cache_bytes):
+    """Reads run outside the store's lock (each parquet read on a handle of its own; a stored
+    block is decompressed from the shared read-only map): eight threads
     asking for every document in different orders (with a 1-byte bound every miss is a
     read, and threads often miss the same group at once) all get each document whole, the
     cache's byte count stays the sum of what it holds, and no more handles exist than the
@@ -101,7 +130,7 @@ def test_concurrent_readers_get_every_document_right(built, cache_bytes):
     import random
     import threading
 
-    vdir, rows = built
+    vdir, rows, how = kind
     store = DocStore(vdir, 1, cache_bytes=cache_bytes)
     docnos = _docnos(store)
     errors: list[str] = []
@@ -125,7 +154,7 @@ def test_concurrent_readers_get_every_document_right(built, cache_bytes):
     assert errors == []
     assert 1 <= len(store._idle[0]) <= 8
     assert store._cached == sum(nbytes for _, nbytes in store._groups.values())
-    assert len(store._groups) == (1 if cache_bytes == 1 else 3)
+    assert len(store._groups) == (1 if cache_bytes == 1 else UNITS[how])
 
 
 def _ids_in_docno_order(vdir: str) -> list[str]:
