@@ -169,9 +169,9 @@ class HFTokenSpans:
 # -- where to cut ------------------------------------------------------------------------
 
 
-def _strength(text: str, spans: np.ndarray, c: int) -> int:
-    """Strength of the break before token ``c`` (0 < c < len(spans))."""
-    gap_a, gap_b = int(spans[c - 1][1]), int(spans[c][0])
+def _strength(text: str, spans, c: int) -> int:
+    """Strength of the break before token ``c`` (0 < c < len(spans)); ``spans`` as lists."""
+    gap_a, gap_b = spans[c - 1][1], spans[c][0]
     if gap_b <= gap_a:
         return NONE  # inside a word (word pieces) or punctuation attached to it
     gap = text[gap_a:gap_b]
@@ -184,7 +184,7 @@ def _strength(text: str, spans: np.ndarray, c: int) -> int:
     return LINE if "\n" in gap else SPACE
 
 
-def _best_cut(text: str, spans: np.ndarray, lo: int, hi: int, target: int, window: int) -> int:
+def _best_cut(text: str, spans: list, lo: int, hi: int, target: int, window: int) -> int:
     """The token before which to cut, in ``[lo, hi]``: the strongest break within its
     `REACH` of ``target``, the one nearest ``target`` among equals (the later on a tie)."""
     best, best_key = target, None
@@ -198,7 +198,7 @@ def _best_cut(text: str, spans: np.ndarray, lo: int, hi: int, target: int, windo
     return best
 
 
-def _best_start(text: str, spans: np.ndarray, lo: int, hi: int, target: int) -> int:
+def _best_start(text: str, spans: list, lo: int, hi: int, target: int) -> int:
     """Where the next passage starts, in ``[lo, hi]``: a sentence (or stronger) start nearest
     ``target``, else the word start nearest it (never inside a word where a word starts in
     range), else ``target``."""
@@ -248,6 +248,7 @@ def split_spans(text: str, spans: np.ndarray, budget: int, overlap: float = DEFA
     if n <= max(budget, whole or 0):
         return [(0, len(text))]
     ov = min(int(round(overlap * budget)), budget - 1)
+    spans = spans.tolist()  # read token by token below: list indexing is ~10x numpy's
     out: list[tuple[int, int]] = []
     a = 0
     while True:

@@ -326,16 +326,23 @@ class ShardScorer:
             nz, vals = nz[keep], vals[keep]
         return nz, vals
 
-    def term_freqs(self, gids: np.ndarray, local_id: int) -> np.ndarray:
-        """tf of each global term in one document (0 where absent); for explanations."""
-        out = np.zeros(len(gids), dtype=np.int64)
-        for i, li in enumerate(self.local_terms(gids)):
+    def term_freqs(self, gids: np.ndarray, local_ids: np.ndarray) -> np.ndarray:
+        """``(len(gids), len(local_ids))`` tf of each global term in each document (0 where
+        absent); for explanations: one binary search per term for all the documents."""
+        local_ids = np.asarray(local_ids).reshape(-1)
+        out = np.zeros((len(gids), len(local_ids)), dtype=np.int64)
+        if len(local_ids) == 0:
+            return out
+        for i, li in enumerate(self.local_terms(gids).tolist()):
             if li < 0:
                 continue
             s, e = self._range(li)
+            if e <= s:
+                continue
             d = self.docs[s:e]
-            j = np.searchsorted(d, local_id)
-            if j < len(d) and d[j] == local_id:
-                out[i] = self.tfs[s + j]
+            # the ids in the postings' dtype: mixed dtypes would convert the whole list
+            j = np.minimum(np.searchsorted(d, local_ids.astype(d.dtype)), e - s - 1)
+            found = d[j] == local_ids
+            out[i] = np.where(found, self.tfs[s:e][j], 0)
         return out
 

@@ -47,6 +47,7 @@ MIN_TRUNCATED_TOKENS = 8
 MIN_SENTENCE_FRACTION = 0.5
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+_WORD_RUN = re.compile(r"\S+")
 
 
 def approx_tokens(text: str, tokens_per_word: float = TOKENS_PER_WORD) -> int:
@@ -135,16 +136,28 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
     """The longest prefix of ``text`` within ``budget`` tokens, cut at a sentence end if
     one keeps at least ``min_sentence_fraction`` of it, else at a word boundary; where not
     even the first word fits (a run of characters without spaces), at a character."""
-    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    if count_tokens is approx_tokens:
+        # The default counter, counted from the word ends alone: the first i words' count is
+        # max(ceil(i * TOKENS_PER_WORD), ceil(chars / CHARS_PER_TOKEN)), and no prefix
+        # longer than budget * CHARS_PER_TOKEN characters fits, so only that much is scanned.
+        limit = budget * CHARS_PER_TOKEN
+        ends = [m.end() for m in _WORD_RUN.finditer(text, 0, limit)]
+        if ends and ends[-1] == limit < len(text) and not text[limit].isspace():
+            ends.pop()  # a word the scan cut: it ends past the limit, so it does not fit
+        fits = lambda i: max(math.ceil(i * TOKENS_PER_WORD), -(-ends[i - 1] // CHARS_PER_TOKEN)) <= budget  # noqa: E731
+    else:
+        ends = [m.end() for m in _WORD_RUN.finditer(text)]
+        fits = lambda i: count_tokens(text[:ends[i - 1]]) <= budget  # noqa: E731
     lo, hi = 0, len(ends)  # binary search the number of words that fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if count_tokens(text[:ends[mid - 1]]) <= budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
     if lo == 0:
-        return _longest_prefix(text[:ends[0]] if ends else "", budget, count_tokens)
+        first = _WORD_RUN.search(text)  # the whole first word (the scan may have cut it)
+        return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
     prefix = text[:ends[lo - 1]]
     sentence_ends = [m.end() for m in _SENTENCE_END.finditer(prefix + " ")]
     if sentence_ends:

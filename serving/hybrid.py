@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .fusion import BLEND_TIERS, RRF_K, TOP_RANK_BONUS, convex, position_blend, rrf
-from .lexical import Scored
+from .lexical import Scored, explainer
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +211,11 @@ def run_hybrid(searcher, query: str, k: int, options: dict):
                         "bm25_hits": len(bm), "dense_hits": len(dn), "expansions": expansions},
              "timings_ms": timings}
 
+    lexical = explainer(searcher.bm25, terms, [s.docno for s in scored], params)
+
     def explain(n: int) -> dict:
         ex = by_key[n].explain()
-        lex = searcher.bm25.explain(terms, n, params)
+        lex = lexical(n)
         ranks = ex.get("ranks") or {}
         parts = [f"{lst} rank {r}" for lst, r in sorted(ranks.items(), key=lambda kv: kv[1])]
         why = ("; ".join(parts) if parts else f"fused rank {ex.get('fused_rank')}")

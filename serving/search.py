@@ -24,7 +24,7 @@ from .bm25 import BM25Params
 from .bounds import bound_result
 from .errors import ModeUnavailable, SearchError  # re-exported: their home is errors.py
 from .index import IndexVersion, VersionFollower
-from .lexical import BM25Retriever, Scored
+from .lexical import BM25Retriever, Scored, explainer
 from .options import check_option_values
 from .result import Hit, SearchResult, summarize
 
@@ -671,8 +671,10 @@ class VersionSearcher:
         elif not scored:
             note = "None of the query's terms occur in this collection: " + ", ".join(terms)
 
+        explain = explainer(self.bm25, dict(terms), [s.docno for s in scored], params)
+
         def matched(n: int) -> dict:
-            ex = self.bm25.explain(dict(terms), n, params)
+            ex = explain(n)
             top = sorted(ex.items(), key=lambda kv: -kv[1]["contribution"])
             why = "matched " + ", ".join(f"{t} (tf {v['tf']}, df {v['df']})" for t, v in top[:5])
             return {"terms": dict(top), "why": why + (" in its best passage" if passages is not None else "")}

@@ -255,3 +255,24 @@ def test_shard_build_reports_progress_for_every_document(tmp_path):
     calls = []
     summary = build_lexical_shard(rows, 0, str(tmp_path / "out"), str(tmp_path / "work"), progress=calls.append)
     assert calls == [PROGRESS_EVERY, PROGRESS_EVERY, 7] and summary["n_docs"] == n
+
+
+def test_explanations_of_a_whole_answer_are_each_hits_own(demo_index_4):
+    """An answer's hits are explained all at once (``BM25Retriever.explain_many``: one
+    postings search per term and shard for every hit). Each hit's explanation must be what
+    explaining it alone gives, over hits spread across the shards, a docno matching only some
+    of the terms and one matching none, and each explains its score."""
+    ix = open_index(demo_index_4)
+    b = ix.bm25
+    terms = dict(b.query_terms("parse command line arguments and options"))
+    hits = ix.search("parse command line arguments and options", k=20).hits
+    assert len({h.docno >> 32 for h in hits}) > 1  # several shards
+    other = next(n for n in range(ix.index.docs.shard_size(0)) if n not in {h.docno for h in hits})
+    docnos = [h.docno for h in hits] + [other]
+    many = b.explain_many(terms, docnos)
+    for n in docnos:
+        assert many[n] == b.inner.explain(terms, n) if hasattr(b, "inner") else many[n] == b.explain(terms, n)
+    assert any(0 < len(many[h.docno]) < len(terms) for h in hits)
+    for h in hits:
+        assert sum(v["contribution"] for v in many[h.docno].values()) == pytest.approx(h.score, abs=1e-5)
+        assert h.explain["terms"] == dict(sorted(many[h.docno].items(), key=lambda kv: -kv[1]["contribution"]))

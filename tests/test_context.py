@@ -161,3 +161,16 @@ def test_pack_ranked_merges_incrementally_as_a_whole_re_merge_would(raw, budget)
     doc = " ".join(f"w{i}." for i in range(200))
     ps = [Passage(d, a, min(len(doc), a + n), doc[a:min(len(doc), a + n)], score) for d, a, n, score in raw]
     assert pack_ranked(ps, budget) == _pack_ranked_by_remerging(ps, budget)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(list("ab .!\n\t") + ["xyzzy" * 9, "İ", "\u00a0", "\u2003"]),
+                max_size=200).map("".join),
+       st.integers(min_value=0, max_value=60), st.sampled_from([0.0, 0.5, 1.1]))
+def test_truncating_with_the_default_counter_cuts_as_counting_each_prefix_would(text, budget, fraction):
+    """``truncate_to_budget`` counts ``approx_tokens`` from word ends alone and scans at most
+    ``budget * CHARS_PER_TOKEN`` characters; it must cut where counting every prefix with the
+    same counter (any other callable takes that path) cuts, including a first word longer
+    than the scan and Unicode spaces."""
+    slow = truncate_to_budget(text, budget, lambda t: approx_tokens(t), min_sentence_fraction=fraction)
+    assert truncate_to_budget(text, budget, approx_tokens, min_sentence_fraction=fraction) == slow

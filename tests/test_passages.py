@@ -211,3 +211,18 @@ def test_passages_cover_the_text_with_bounded_overlap(parts, budget, overlap):
         assert inside <= budget  # never more than the window
     if len(spans) <= budget:
         assert got == [(0, len(text))]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(["word", "x", " ", "\n", ".", ",", "(", "é", "\u00a0", "İ", "_", "42"]),
+                max_size=300).map("".join),
+       st.sampled_from([16, 24, 40, 256]))
+def test_default_spans_of_a_short_text_skip_the_token_split_and_agree_with_it(text, window):
+    """``citations.default_spans`` answers a text whose whitespace pieces plus twice its
+    punctuation marks fit the window as one passage without listing its tokens; that must be
+    what the full split (``split_spans`` over ``regex_token_spans``) gives, on either side
+    of the bound."""
+    from funnel.pipelines.passages import DEFAULT_OVERLAP, regex_token_spans, split_spans
+    from funnel.serving.citations import default_spans
+    want = split_spans(text, regex_token_spans(text), window, DEFAULT_OVERLAP)
+    assert default_spans(text, window).tolist() == [list(s) for s in want]
