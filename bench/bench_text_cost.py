@@ -12,6 +12,9 @@ query twice, interleaved query by query (which goes first alternates), in every 
 * **default answer**: ``search(q, mode=M, k=10, budget=B)``: what every front end returns:
   explanations, each hit's passages ranked and cited, and the budgeted evidence text.
 
+Besides the two, it reports what the text alone adds to the answer without it: per default
+answer, its text stage over the rest of its own total (both from its trace), the median.
+
 It prints p50 wall and CPU (thread) time of both, their ratio, and the medians of the
 default answer's trace stages: ``hits`` (explanations, passage ranking, citations) and
 ``summary`` (writing the budgeted text from the ranked passages: the text's own cost).
@@ -77,7 +80,7 @@ def measure(ix, mode: str, queries: list[str], warm: int, budget: int | None) ->
     for q in queries[:warm]:
         ix.search(q, mode=mode, k=10, explain=False)
         ix.search(q, mode=mode, k=10, **kw)
-    plain_w, plain_c, full_w, full_c, stages = [], [], [], [], {}
+    plain_w, plain_c, full_w, full_c, stages, added = [], [], [], [], {}, []
 
     def timed(q: str, explain: bool):
         fresh()
@@ -92,12 +95,16 @@ def measure(ix, mode: str, queries: list[str], warm: int, budget: int | None) ->
             (full_w if explain else plain_w).append(w)
             (full_c if explain else plain_c).append(c)
             if explain:
-                for st, ms in (res.trace.get("timings_ms") or {}).items():
+                tm = res.trace.get("timings_ms") or {}
+                for st, ms in tm.items():
                     if isinstance(ms, (int, float)):
                         stages.setdefault(st, []).append(ms)
+                if tm.get("total", 0) > tm.get("summary", 0) > 0:  # this answer's text beside the rest of it
+                    added.append(tm["summary"] / (tm["total"] - tm["summary"]))
     med = statistics.median
     return {"plain_wall": med(plain_w) * 1e3, "plain_cpu": med(plain_c) * 1e3, "full_wall": med(full_w) * 1e3,
             "full_cpu": med(full_c) * 1e3, "stages": {st: med(v) for st, v in stages.items()},
+            "text_added": med(added) if added else float("nan"),
             "n": len(full_w)}
 
 
@@ -107,16 +114,20 @@ def render(a, facts: dict, rows: dict, command: str) -> str:
              f"{facts['n_docs']:,} documents, {facts['shards']} BM25 shard(s), vectors: {facts['dense']}; "
              f"queries: {facts['queries']}, {a.warm} warm-up then {a.n} timed per mode, each as both searches.", "",
              "| mode | ranking alone p50 ms (wall / CPU) | default answer p50 ms (wall / CPU) | "
-             "default / ranking alone (CPU) | hits stage ms | text stage ms | text / default answer |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "default / ranking alone (CPU) | hits stage ms | text stage ms | text / default answer | "
+             "text added to the answer without it |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in rows.items():
         text = r["stages"].get("summary", 0.0)
         lines.append(f"| {mode} | {r['plain_wall']:.2f} / {r['plain_cpu']:.2f} | {r['full_wall']:.2f} / "
                      f"{r['full_cpu']:.2f} | {r['full_cpu'] / r['plain_cpu']:.2f}× | "
-                     f"{r['stages'].get('hits', 0.0):.2f} | {text:.2f} | {text / r['full_wall']:.1%} |")
+                     f"{r['stages'].get('hits', 0.0):.2f} | {text:.2f} | {text / r['full_wall']:.1%} | "
+                     f"{r['text_added']:.1%} |")
     lines += ["", "The text stage is the budgeted evidence text written from the ranked passages "
               "(`trace.timings_ms.summary`); the hits stage is the explanations, the passage ranking and "
-              "the citations every hit carries (`trace.timings_ms.hits`). Medians over the timed queries."]
+              "the citations every hit carries (`trace.timings_ms.hits`). Medians over the timed queries; "
+              "the last column is the median over queries of each answer's text stage divided by the rest of "
+              "its own total (`timings_ms.total - summary`: the structured answer without the text)."]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ real files in it.
 from __future__ import annotations
 
 import json
+import glob
 import logging
 import os
 import shutil
@@ -113,11 +114,16 @@ def test_write_manifest_makes_an_edit_deliberate(root):
     assert IndexVersion(root).manifest["note"] == "edited"
 
 
-def test_corrupt_docs_parquet_at_read_time_names_the_file(root):
-    """With verification off, a damaged document file still fails clearly when it is read."""
-    rel = os.path.join("docs", "shard-0000.parquet")
+@pytest.mark.parametrize("rel", [os.path.join("docs", "shard-0000.store"), os.path.join("docs", "shard-0000.parquet")])
+def test_corrupt_docs_at_read_time_names_the_file(root, rel):
+    """With verification off, a damaged document file still fails clearly when it is read:
+    the store documents are read from, or the parquet record of an index without stores
+    (a build before them, here the stores removed)."""
+    if rel.endswith(".parquet"):
+        for p in glob.glob(os.path.join(_vdir(root), "docs", "*.store*")):
+            os.remove(p)
     ix = IndexVersion(root, verify="none")
-    doc = ix.docs.docno_of(ix.docs.doc_id(0))
+    doc = ix.docs.shard_size(0) // 2  # shard 0's middle document: in the bytes overwritten below
     path = os.path.join(_vdir(root), rel)
     size = os.path.getsize(path)
     with open(path, "r+b") as f:  # overwrite the middle, where the text pages are

@@ -57,7 +57,7 @@ def _rejects(root: str) -> dict:
 def _ids(root: str) -> set:
     import pyarrow.parquet as pq
     d = os.path.join(_version(root), "docs")
-    return {i for n in os.listdir(d) if n.startswith("shard-")
+    return {i for n in os.listdir(d) if n.startswith("shard-") and n.endswith(".parquet")
             for i in pq.read_table(os.path.join(d, n)).column("doc_id").to_pylist()}
 
 

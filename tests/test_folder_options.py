@@ -31,7 +31,7 @@ def _version(root: str) -> str:
 def _ids(root: str) -> list:
     import pyarrow.parquet as pq
     d = os.path.join(_version(root), "docs")
-    return sorted(i for n in os.listdir(d) if n.startswith("shard-")
+    return sorted(i for n in os.listdir(d) if n.startswith("shard-") and n.endswith(".parquet")
                   for i in pq.read_table(os.path.join(d, n)).column("doc_id").to_pylist())
 
 
