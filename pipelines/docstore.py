@@ -86,7 +86,8 @@ def write_store_table(docs_dir: str, name: str, table: pa.Table) -> None:
 
 
 class StoreDamaged(ValueError):
-    """A store or its index that does not hold what the shard says (the reader names the file)."""
+    """A store or its index that does not hold what the shard says; the message says what, and
+    the reader (``serving.index.DocStore``) names the store's path before it."""
 
 
 class StoreReader:
@@ -96,12 +97,12 @@ class StoreReader:
         try:
             offsets = np.load(index, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise StoreDamaged(f"{index}: unreadable block index ({e})") from e
+            raise StoreDamaged(f"its block index {os.path.basename(index)} cannot be read ({e})") from e
         n_blocks = -(-n_docs // STORE_BLOCK)
         size = os.path.getsize(store)
         if (offsets.dtype != np.int64 or offsets.shape != (n_blocks + 1, 3) or offsets[0, 0] != 0
                 or offsets[0, 1] != 0 or np.any(np.diff(offsets[:, :2], axis=0) < 0) or offsets[-1, 0] != size):
-            raise StoreDamaged(f"{index}: the block index does not match {n_docs} documents in a "
+            raise StoreDamaged(f"its block index {os.path.basename(index)} does not match {n_docs} documents in a "
                                f"{size}-byte store")
         self.offsets, self.n_docs, self.path = offsets, n_docs, store
         self._codec = _codec()
@@ -124,15 +125,15 @@ class StoreReader:
         head = 4 * (rows * len(STORE_COLUMNS) + 1)
         z = self._map[c0:c1]
         if zlib.crc32(z) != crc:
-            raise StoreDamaged(f"{self.path}: block {b} (bytes {c0} to {c1}) does not match its checksum")
+            raise StoreDamaged(f"block {b} (bytes {c0} to {c1}) does not match its checksum")
         try:
             raw = self._codec.decompress(z, decompressed_size=r1 - r0, asbytes=True)
         except pa.ArrowException as e:
-            raise StoreDamaged(f"{self.path}: block {b} does not decompress ({e})") from e
+            raise StoreDamaged(f"block {b} does not decompress ({e})") from e
         n = head // 4
         ends = list(struct.unpack_from(f"<{n}I", raw)) if len(raw) >= head else None
         if ends is None or ends[0] != 0 or ends[-1] != len(raw) - head:
-            raise StoreDamaged(f"{self.path}: block {b}'s header does not fit its {len(raw)} bytes")
+            raise StoreDamaged(f"block {b}'s header does not fit its {len(raw)} bytes")
         return StoreBlock(raw, head, ends, self.path), len(raw)
 
 
@@ -148,9 +149,9 @@ class StoreBlock:
         j = row * len(STORE_COLUMNS) + STORE_COLUMNS.index(column)
         a, b = self.ends[j], self.ends[j + 1]
         if not a <= b <= self.ends[-1]:  # each value is checked as it is read (a header check
-            raise StoreDamaged(f"{self.path}: a stored {column} lies outside its block")  # costs 20 us)
+            raise StoreDamaged(f"a stored {column} lies outside its block")  # costs 20 us)
         try:
             v = self.raw[self.head + a:self.head + b].decode("utf-8")
         except UnicodeDecodeError as e:
-            raise StoreDamaged(f"{self.path}: a stored {column} is not UTF-8 ({e})") from e
+            raise StoreDamaged(f"a stored {column} is not UTF-8 ({e})") from e
         return v if v or column != "fields" else None

@@ -393,7 +393,7 @@ class DocStore:
         if record is None:
             return _damaged(path, e)
         rel = os.path.relpath(path, os.path.dirname(self.dir))
-        return record(rel, str(e).removeprefix(f"{path}: "))
+        return record(rel, str(e))
 
     def get(self, n: int) -> dict:
         doc_id, title, text, content_hash = self._values(n, _TEXT_COLUMNS)
