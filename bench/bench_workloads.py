@@ -38,8 +38,8 @@ file a query process reads (PISA: its compressed index, block-max data and lexic
 uncompressed collection its build leaves beside them); and the serving RSS over the postings.
 
 ``--bounds-check-cost`` times funnel alone, twice: its kernels as served, which check every
-value they index with against the arrays it indexes (``serving/kernels.py``, "Damaged
-files"), and the same kernels compiled without those checks (a second copy of the module,
+value they index with against the arrays it indexes (``serving/kernels/checks.py``, "Damaged
+files"), and the same kernels compiled without those checks (a second copy of the package,
 loaded with ``BOUNDS_CHECK`` off, not cached on disk), interleaved in one process: per round
 and workload and k, both in a shuffled order, each a ``search_batch`` of the workload (one
 thread, end to end), then both again as the compiled batch alone (``BM25Retriever.search_texts``
@@ -350,19 +350,11 @@ def child_throughput(args: dict) -> None:
 
 
 def unchecked_kernels():
-    """``funnel.serving.kernels`` compiled again with ``BOUNDS_CHECK`` off (its module
-    docstring): the same source, every check compiled out, nothing cached on disk."""
-    import importlib.util
-
+    """The ``funnel.serving.kernels`` package compiled again with ``BOUNDS_CHECK`` off
+    (``serving/kernels/_jit.py``, ``load_copy``): the same sources, every check compiled
+    out, nothing cached on disk."""
     import funnel.serving.kernels as checked
-    name = "funnel.serving._kernels_unchecked"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, checked.__file__)
-        mod = importlib.util.module_from_spec(spec)
-        mod._UNCHECKED = True
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    mod = sys.modules[name]
+    mod = checked.load_copy("funnel.serving._kernels_unchecked", unchecked=True)
     assert mod.BOUNDS_CHECK is False and checked.BOUNDS_CHECK is True
     return mod
 

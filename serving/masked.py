@@ -11,9 +11,9 @@ allowed documents.
 Pruning stays valid under a mask: a mask can only remove documents, so the unfiltered
 index's block maxima and per-term bounds remain upper bounds, and the lower bound on the
 k-th score is taken from allowed documents only. Per shard the compiled path
-(``masked_kernels.search_masked_shards``) picks one of two pruned strategies:
+(``kernels.masked.search_masked_shards``) picks one of two pruned strategies:
 
-* **candidates** (``masked_kernels.masked_closed``) where the allowed documents are few next
+* **candidates** (``kernels.masked.masked_closed``) where the allowed documents are few next
   to the query's postings: allowed documents × terms present × ``CANDIDATE_COST`` at most
   the postings. The allowed documents are the only candidates (doc-at-a-time over a closed
   set, term by term): a term with few postings next to the candidates left is streamed, a
@@ -22,7 +22,7 @@ k-th score is taken from allowed documents only. Per shard the compiled path
   terms' bounds cannot reach the k-th, and candidates that cannot reach it are dropped after
   each term. Its cost follows the mask's popcount, not the postings: a 0.1% filter reads a
   small fraction of them, so it is faster than the unfiltered query.
-* **block-max term-at-a-time** (``masked_kernels.masked_blocks``) otherwise: the unfiltered
+* **block-max term-at-a-time** (``kernels.masked.masked_blocks``) otherwise: the unfiltered
   kernel's MaxScore with block maxima, disallowed documents never accumulated.
 
 The choice rule (per shard, and per term inside candidates) is a cost comparison: looking a
@@ -39,7 +39,7 @@ measured as fast or faster than exhaustive scoring at every query size there. A 
 allows every document takes the unfiltered search.
 
 Without block maxima (a per-query (k1, b) override) or with a non-positive weight, a shard
-is scored without pruning by the same rule's two strategies (``masked_kernels.masked_shard``).
+is scored without pruning by the same rule's two strategies (``kernels.masked.masked_shard``).
 ``bench/bench_filters.py`` measures each selectivity against the unfiltered search.
 ``FUNNEL_NUMBA=0`` (or no numba) takes `masked_reference`, the NumPy path.
 """
@@ -51,10 +51,10 @@ import weakref
 import numpy as np
 
 from . import kernels
-from .masked_kernels import HAVE_NUMBA
+from .kernels import HAVE_NUMBA
 
 if HAVE_NUMBA:
-    from .masked_kernels import search_masked_shards
+    from .kernels.masked import search_masked_shards
 
 #: A shard is scored by candidates when allowed docs × query terms × this is at most its
 #: postings, and a term is streamed there when candidates × this is at least its postings
@@ -103,7 +103,7 @@ def search_masked(bm25, gids: np.ndarray, ws: np.ndarray, k: int, params, mask) 
     dn, sc, fault = search_masked_shards(meta, bmeta, imeta, proto, doc_off, id_rank, acc, touched, den, itab, gids,
                                          ws, k, u8, flat, cptr, bm25.prune_min_postings == 0, CANDIDATE_COST,
                                          _STRATEGIES[STRATEGY], kernels.BLOCK, STATS)
-    if fault:  # a damaged file (kernels.py, "Damaged files")
+    if fault:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm25.fault_error(fault)
     return dn, sc
 

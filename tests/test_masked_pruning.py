@@ -1,4 +1,4 @@
-"""Oracle for the pruned masked BM25 kernels (``serving/masked.py``, ``serving/masked_kernels.py``):
+"""Oracle for the pruned masked BM25 kernels (``serving/masked.py``, ``serving/kernels/masked.py``):
 the filtered top k must equal an exhaustive scoring of every document, filtered afterwards, in
 ids, scores (bit for bit) and tie order, across random masks of many selectivities, k values
 and queries, with every strategy forced in turn. The corpus is built by the real build job

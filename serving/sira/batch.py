@@ -87,7 +87,7 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
         meta, proto, doc_off, id_rank, _ = bm._shard_args(params.length_norm)
         den, itab = bm._table(params)
         imp = bm._impacts(params)  # held while the kernel runs
-    except ShardFault as e:  # a damaged file (kernels.py, "Damaged files")
+    except ShardFault as e:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm.fault_error(e) from None
     acc, touched = bm._buffers()
     fptr, fg, ftf, fdl, offsets, _, short = searcher.forward._build()
@@ -103,7 +103,7 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
                                float(cfg.tau * ix.n_docs), int(cfg.fb_docs), int(cfg.fb_terms), lam,
                                "prf" in prep.sources, d_rows, d_w, d_n, np.zeros(V), np.zeros(V, dtype=np.uint8),
                                pos, score, cnt, nexp)
-    if fault:  # a damaged file (kernels.py, "Damaged files")
+    if fault:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm.fault_error(fault)
     if split.any():  # their feedback is passages, which the kernel's document rows do not hold
         from .mode import expand_weights

@@ -1,0 +1,479 @@
+"""Exhaustive term-at-a-time scoring: every posting of every query term, added in the
+canonical order (`_accumulate`), and ``search_shards_plain``, the entry point that never
+prunes.
+
+A larger index has the build's impacts for the default (k1, b) quantized to 16-bit levels
+(``impacts.npy``, ``decode.posting_levels``), memory-mapped. The exhaustive path reads those
+(`_search_approx`): it sums them in float64, keeps every document within a proven margin of
+the k-th approximate score (`_approx_margin`), and rescores those candidates exactly from
+their postings (`_rescore_shard`), as PISA and JASS rescore their quantized top k: the
+returned documents, scores and ties are float64 term-at-a-time's. Where a query has
+postings for about as many documents as a shard holds, a shard's accumulator is read back
+by one scan (`_accumulate_dense`, `_offer_dense`) instead of through a list of touched
+documents, whose store per posting waits on the accumulator's load. The exhaustive loop
+indexes with unsigned integers, so numba emits no negative-index wraparound per access.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import BOUNDS_CHECK, jit, _view
+from .checks import _bad_posting, _posting_fault, _range_ok
+from .decode import _impact_u, _local_terms
+from .heap import _kth_vals, _new_top, _offer_one, _offer_scores, _top_sorted
+from .layout import DENSE_DIVISOR, FAULT_DOCS, FAULT_IMPACTS, FAULT_INDPTR, IMPACT_DTYPE, IMPACT_STEP, SCAN
+
+
+@jit
+def _accumulate(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, touched, m, imp):
+    """Add every listed term's ``weight · tf/(tf + denom)`` to ``acc`` (term-at-a-time, in
+    order; ``_score_shard``'s exhaustive path), recording first-seen documents in
+    ``touched`` after the ``m`` already there (branch-free: a slot is kept only when the
+    document had no score yet); returns the new count. Unsigned indices throughout
+    (`_impact_u`); where ``imp`` is given (non-empty: each
+    posting's impact, `posting_impacts`), it is read instead of computed, one load
+    instead of three per posting.
+
+    Every weight positive: each posting's ``w · impact`` is then above 0 (a tf of at
+    least 1, a stored impact above 0: both checked), so a document's sum never comes back
+    to 0.0 and it is listed once, and ``touched`` (one slot more than ``acc``) cannot
+    overflow. Returns ``-FAULT_*`` at a damaged posting, ``acc`` left as it is."""
+    um = np.uint64(m)
+    stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
+    ucap = np.uint64(cap)
+    nt = np.uint64(table.shape[0])
+    npost = docs.shape[0]
+    und = np.uint64(acc.shape[0])
+    for i in range(local.shape[0]):
+        li = local[i]
+        if li < 0:
+            continue
+        w = weights[i]
+        a0, e0 = indptr[li], indptr[li + 1]
+        if not _range_ok(a0, e0, npost):
+            return -FAULT_INDPTR
+        for p in range(np.uint64(a0), np.uint64(e0)):
+            d = np.uint64(docs[p])
+            if stored:
+                v = imp[p]
+                if BOUNDS_CHECK and ((d >= und) | (not v > 0.0)):
+                    return -(FAULT_DOCS if d >= und else FAULT_IMPACTS)
+            else:
+                t = np.uint64(tfs[p])
+                if _bad_posting(d, und, t):
+                    return -_posting_fault(d, und)
+                v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
+            a = acc[d]
+            touched[um] = d
+            um += np.uint64(a == 0.0)
+            acc[d] = a + w * v
+    return np.int64(um)
+
+
+@jit(inline="always")
+def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched, m):
+    """Add one term's ``w · tf/(tf + denom)`` over postings [a0, e0) to ``acc``, first-seen
+    documents appended to ``touched`` after the ``m`` there (branch-free); returns the new
+    count, or ``-FAULT_*`` at a damaged posting. `_accumulate`'s loop for one term
+    (`_impact_u`); [a0, e0) checked by the caller, ``w`` positive."""
+    um = np.uint64(m)
+    ucap = np.uint64(cap)
+    nt = np.uint64(table.shape[0])
+    und = np.uint64(acc.shape[0])
+    for p in range(np.uint64(a0), np.uint64(e0)):
+        d = np.uint64(docs[p])
+        t = np.uint64(tfs[p])
+        if _bad_posting(d, und, t):
+            return -_posting_fault(d, und)
+        v = _impact_u(t, np.uint64(code[d]), table, itab, ucap, nt)
+        a = acc[d]
+        touched[um] = d
+        um += np.uint64(a == 0.0)
+        acc[d] = a + w * v
+    return np.int64(um)
+
+
+@jit(inline="always")
+def _impacts_of(imeta, s):
+    """Shard s's per-posting impacts from ``imeta``, or an empty array where there are none."""
+    if imeta.shape[0] == 0:
+        return np.empty(0)
+    return _view(imeta, s, 0, np.float64)
+
+
+@jit(inline="always")
+def _impacts32_of(imeta32, s):
+    """Shard s's stored quantized impacts from ``imeta32`` (``impact_table(..., IMPACT_DTYPE)``)."""
+    return _view(imeta32, s, 0, IMPACT_DTYPE)
+
+
+@jit(inline="always")
+def _is_dense(indptr, local, nd, dense_min):
+    """Whether a shard of ``nd`` documents is read back by one scan of its accumulator
+    instead of a list of touched documents: at least ``dense_min`` documents (the list
+    costs little while the accumulator stays in a core's cache) and enough postings of
+    the query there (``DENSE_DIVISOR``)."""
+    if nd < dense_min or dense_min < 0:
+        return False
+    post = 0
+    for i in range(local.shape[0]):
+        if local[i] >= 0:
+            post += indptr[local[i] + 1] - indptr[local[i]]
+    return post * DENSE_DIVISOR >= nd
+
+
+@jit
+def _total_postings(meta, gids):
+    """The query's postings over every shard."""
+    local = np.empty(gids.shape[0], dtype=np.int64)
+    post = 0
+    for s in range(meta.shape[0]):
+        if _local_terms(_view(meta, s, 3, np.int32), gids, local):
+            indptr = _view(meta, s, 0, np.int64)
+            for i in range(local.shape[0]):
+                if local[i] >= 0:
+                    post += indptr[local[i] + 1] - indptr[local[i]]
+    return post
+
+
+@jit
+def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights, acc, imp):
+    """`_accumulate` without the list of touched documents (read back by a scan of
+    the whole accumulator instead: ``_offer_dense``, ``_approx_offer``). Keeping that
+    list costs a store per posting whose address waits on the accumulator's load, so a
+    query with about as many postings as the shard has documents pays more for it than
+    for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
+    bits as the grid's) or stored levels (``IMPACT_DTYPE``, the weights scaled by
+    ``IMPACT_STEP``: approximate sums, rescored after); empty:
+    from the grid. Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
+    at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
+    stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
+    ucap = np.uint64(cap)
+    nt = np.uint64(table.shape[0])
+    npost = docs.shape[0]
+    und = np.uint64(acc.shape[0])
+    for i in range(local.shape[0]):
+        li = local[i]
+        if li < 0:
+            continue
+        w = weights[i]
+        a0, e0 = indptr[li], indptr[li + 1]
+        if not _range_ok(a0, e0, npost):
+            return -FAULT_INDPTR
+        for p in range(np.uint64(a0), np.uint64(e0)):
+            d = np.uint64(docs[p])
+            if BOUNDS_CHECK and d >= und:
+                return -FAULT_DOCS
+            if stored:
+                v = np.float64(imp[p])
+            else:
+                v = _impact_u(np.uint64(tfs[p]), np.uint64(code[d]), table, itab, ucap, nt)
+            acc[d] += w * v
+    return 0
+
+
+@jit(inline="always")
+def _any_at_least(acc, j0, j1, bar):
+    """Whether any of acc[j0:j1] is >= bar. A whole run (``SCAN`` entries) is a count of
+    compares with a constant trip count and unsigned indices, which LLVM vectorizes:
+    ~0.1 ns a score, where branching on each, a run of variable length or signed indices
+    (a wraparound check per access) cost 4-15 times that."""
+    if j1 - j0 < SCAN:
+        return True  # the shard's last, partial run: read score by score
+    hit = 0
+    b = np.uint64(j0)
+    for j in range(np.uint64(SCAN)):
+        hit += np.int64(acc[b + j] >= bar)
+    return hit > 0
+
+
+@jit
+def _offer_dense(acc, rank, base, bv, br, bd, n, tv, tr, k):
+    """Offer every positive score in ``acc`` (one per document of the shard, read in
+    order) to a ``_new_top`` collector as docno ``base | id``, then zero ``acc``; returns
+    (n, tv, tr). ``SCAN`` scores at a time are compared with the collector's bar at once
+    (most runs have none that pass), and only a run with one is offered score by score."""
+    heap = bv.shape[0] == k
+    nd = acc.shape[0]
+    for j0 in range(0, nd, SCAN):
+        j1 = min(j0 + SCAN, nd)
+        bar = (bv[0] if n == k else 5e-324) if heap else tv  # positive: zeros never pass
+        if not _any_at_least(acc, j0, j1, bar):
+            continue
+        for j in range(np.uint64(j0), np.uint64(j1)):
+            v = acc[j]
+            if v >= bar:
+                n, tv, tr = _offer_one(bv, br, bd, n, tv, tr, k, v, rank[j], base | np.int64(j))
+                bar = (bv[0] if n == k else 5e-324) if heap else tv
+    acc[:] = 0.0
+    return n, tv, tr
+
+
+@jit
+def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
+                        touched, table, itab, gids, weights, k):
+    """``search_shards`` with ``prune_min = -1`` (exhaustive term-at-a-time over every
+    shard; the same results), in a function that leaves the pruning code out: numba
+    compiles it in less than half the time ``search_shards`` takes on a fresh install, so a corpus
+    whose queries never reach the pruning threshold never compiles pruning at all
+    (``BM25Retriever`` chooses). ``imeta`` (``impact_table``; ``NO_IMPACTS`` for none):
+    each shard's per-posting impacts, read instead of computed where given. ``imeta32``
+    (``impact_table(..., IMPACT_DTYPE)``; ``NO_IMPACTS`` for none): the stored quantized
+    impacts of the parameters in use, read (``_search_approx``) where there are no
+    float64 ones, every weight is positive and the query has at least ``rescore_min``
+    postings per (k, term) pair (the exact rescoring of about k candidates looks up each
+    term once per candidate; 0: always, -1: never). A shard of at least ``dense_min``
+    documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
+    read back by one scan of its accumulator (``_is_dense``), and so is every shard for
+    a query with a non-positive weight (whose sums may come back to 0.0 and list a
+    document twice). Returns (docnos, scores, fault), as `search_shards`."""
+    cap = itab.shape[0] // table.shape[0]
+    if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
+            weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
+        return _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab,
+                              cap, gids, weights, k)
+    local = np.empty(gids.shape[0], dtype=np.int64)
+    bv, br, bd, tv, tr = _new_top(k)
+    n = 0
+    positive = gids.shape[0] == 0 or weights.min() > 0.0
+    for s in range(meta.shape[0]):
+        if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+            continue
+        lo, hi = doc_off[s], doc_off[s + 1]
+        nd = hi - lo  # scored in acc[:nd], as in search_shards
+        indptr = _view(meta, s, 0, np.int64)
+        if not positive or _is_dense(indptr, local, nd, dense_min):
+            f = _accumulate_dense(indptr, _view(meta, s, 1, np.int32),
+                                  _view(meta, s, 2, code_proto[1].dtype),
+                                  _view(meta, s, 5, code_proto[0].dtype), table, itab, cap, local, weights, acc[:nd],
+                                  _impacts_of(imeta, s))
+            if f < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
+            n, tv, tr = _offer_dense(acc[:nd], id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, n, tv, tr, k)
+            continue
+        m = _accumulate(indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
+                        _view(meta, s, 5, code_proto[0].dtype), table, itab, cap, local, weights, acc[:nd],
+                        touched[:nd + 1], 0, _impacts_of(imeta, s))
+        if m < 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
+        n, tv, tr = _offer_scores(acc[:nd], touched[:nd + 1], m, id_rank[lo:hi], np.int64(s) << 32,
+                                  bv, br, bd, n, tv, tr, k, True)
+    dn, sc = _top_sorted(bv, br, bd, n, k)
+    return dn, sc, 0
+
+
+@jit
+def _approx_keep(T):
+    """The factor c of the float rounding in an approximate pass over ``T`` terms:
+    each weight times ``IMPACT_STEP`` rounds once and each of the approximate and the
+    exact sums rounds T times at 2^-53, so both lie within delta = (T + 1)·2^-52
+    (relative, taken twice over) of their real values, and c = (1 - delta)/(1 + delta).
+    `_approx_margin` says how it is used."""
+    delta = (T + 1) * 2.0 ** -50
+    return (1.0 - delta) / (1.0 + delta)
+
+
+@jit
+def _approx_margin(weights):
+    """The absolute part of the approximate pass's bar: ``IMPACT_STEP`` times the sum of
+    the (positive) weights, rounded up.
+
+    The bound: a stored impact q stands for q·STEP, and the build chose q as the least
+    with q·STEP >= the impact (``_quantize``), so each term adds at least its exact share
+    and less than w·STEP more. Summed over a document's terms, its approximate score A
+    and its exact score E (real arithmetic) satisfy E <= A < E + M, M = STEP·Σw. k
+    documents approximate at least theta, so the exact k-th score is above theta - M, and
+    a document of the exact top k approximates at least that. With the float rounding
+    of both sums (`_approx_keep`'s c) a document below ``c² · theta - M`` cannot be in the
+    exact top k; those at or above it are rescored exactly."""
+    return IMPACT_STEP * weights.sum() * (1.0 + 2.0 ** -40)
+
+
+@jit
+def _approx_compact(av, ad, n, bar, k, c, margin):
+    """Raise ``bar`` to ``c`` times the k-th largest of ``av[:n]`` less ``margin``
+    and keep, in place, the entries at or above it (`_approx_margin`: none of the
+    exact top k is dropped); returns (n, bar)."""
+    if n >= k:
+        bar = max(bar, _kth_vals(av, n, k, 0.0) * c - margin)
+    j = 0
+    for i in range(n):
+        if av[i] >= bar:
+            av[j] = av[i]
+            ad[j] = ad[i]
+            j += 1
+    return j, bar
+
+
+@jit
+def _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c, margin):
+    """Append (approximate score, docno ``base | id``) of each document at or above
+    ``bar`` (positive) to the candidate buffer ``av, ad`` from entry ``j`` on: every
+    document of the shard where ``m < 0`` (``acc`` read in order, ``SCAN`` at a time as
+    ``_offer_dense`` reads it; the caller zeroes it after), else ``ids[:m]`` (zeroing
+    each score read). A full buffer is compacted (``_approx_compact``). Returns (next
+    entry, n, bar): it stops early, after a compaction that left the buffer over half
+    full (near-ties), for the caller to grow it (``_approx_offer``)."""
+    end = acc.shape[0] if m < 0 else m
+    cap = av.shape[0]
+    while j < end:
+        j1 = min((j // SCAN + 1) * SCAN, end)
+        if m < 0 and not _any_at_least(acc, j, j1, bar):
+            j = j1
+            continue
+        for x in range(j, j1):
+            d = np.uint64(x) if m < 0 else np.uint64(ids[x])  # unsigned: no wraparound check
+            v = acc[d]
+            if m >= 0:
+                acc[d] = 0.0
+            if v >= bar:
+                av[n] = v
+                ad[n] = base | np.int64(d)
+                n += 1
+                if n == cap:
+                    n, bar = _approx_compact(av, ad, n, bar, k, c, margin)
+                    if 2 * n > cap:
+                        return x + 1, n, bar
+        j = j1
+    return end, n, bar
+
+
+@jit
+def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c, margin):
+    """`_approx_scan` of the whole shard, the buffer doubled wherever it stops;
+    leaves ``acc`` zeroed; returns (av, ad, n, bar)."""
+    j = 0
+    end = acc.shape[0] if m < 0 else m
+    while True:
+        j, n, bar = _approx_scan(acc, ids, m, j, base, av, ad, n, bar, k, c, margin)
+        if j >= end:
+            if m < 0:
+                acc[:] = 0.0
+            return av, ad, n, bar
+        nav = np.empty(2 * av.shape[0])
+        nad = np.empty(2 * av.shape[0], dtype=np.int64)
+        nav[:n] = av[:n]
+        nad[:n] = ad[:n]
+        av, ad = nav, nad
+
+
+@jit
+def _find_all(docs, lo, hi, ids, pos):
+    """``pos[j]``: the position of ``ids[j]`` in ``docs[lo:hi]`` (ascending), or -1. All the
+    binary searches advance one halving at a time together and without branches: the
+    probes of one halving are independent loads (most of them cache misses) that the CPU
+    overlaps, where searching one id after another waits on each probe in turn."""
+    m = ids.shape[0]
+    n = hi - lo
+    if n <= 0:
+        pos[:] = -1
+        return
+    base = np.full(m, lo, dtype=np.int64)
+    while n > 1:
+        half = n >> 1
+        for j in range(m):
+            b = base[j]
+            base[j] = b + half if docs[b + half] < ids[j] else b
+        n -= half
+    for j in range(m):
+        b = base[j]
+        p = b + 1 if docs[b] < ids[j] else b
+        pos[j] = p if p < hi and docs[p] == ids[j] else -1
+
+
+@jit
+def _rescore_shard(indptr, docs, tfs, code, table, itab, cap, local, weights, ids, rank, base,
+                   bv, br, bd, n, tv, tr, k):
+    """The exact scores of one shard's documents ``ids`` (ascending), offered to a
+    ``_new_top`` collector; returns (n, tv, tr). Each term's posting of a document is
+    found by lookup and its impact computed as ``_accumulate`` computes it, added from
+    0.0 in the canonical order: the bits exhaustive scoring gives. Term by term, all the
+    candidates' lookups of one term together (``_find_all``). ``ids`` come from
+    checked postings; a damaged range: (``-FAULT_INDPTR``, tv, tr)."""
+    sc = np.zeros(ids.shape[0])
+    pos = np.empty(ids.shape[0], dtype=np.int64)
+    ucap = np.uint64(cap)
+    nt = np.uint64(table.shape[0])
+    for i in range(local.shape[0]):
+        li = local[i]
+        if li < 0:
+            continue
+        a0, e0 = indptr[li], indptr[li + 1]
+        if not _range_ok(a0, e0, docs.shape[0]):
+            return -FAULT_INDPTR, tv, tr
+        _find_all(docs, a0, e0, ids, pos)
+        w = weights[i]
+        for j in range(ids.shape[0]):
+            p = pos[j]
+            if p >= 0:
+                sc[j] += w * _impact_u(np.uint64(tfs[p]), np.uint64(code[ids[j]]), table, itab, ucap, nt)
+    for j in range(ids.shape[0]):
+        n, tv, tr = _offer_one(bv, br, bd, n, tv, tr, k, sc[j], rank[ids[j]], base | ids[j])
+    return n, tv, tr
+
+
+@jit
+def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab, cap, gids,
+                   weights, k):
+    """``search_shards_plain`` over the stored quantized impacts (positive weights):
+    every shard's approximate scores (each posting's ``IMPACT_DTYPE`` level times its
+    term's weight · ``IMPACT_STEP``, summed in float64) into one candidate buffer whose
+    bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
+    (the k best and their near-ties) rescored exactly (``_rescore_shard``) and ranked:
+    the same documents and bits as exhaustive float64 scoring, at two bytes a posting
+    read instead of a tf, a length code and a table cell. Returns (docnos, scores, fault)."""
+    local = np.empty(gids.shape[0], dtype=np.int64)
+    c = _approx_keep(gids.shape[0])
+    c = c * c
+    margin = _approx_margin(weights)
+    qweights = weights * IMPACT_STEP
+    av = np.empty(4 * k + 16)
+    ad = np.empty(4 * k + 16, dtype=np.int64)
+    n = 0
+    bar = 5e-324  # the smallest positive float: any positive score passes
+    for s in range(meta.shape[0]):
+        if not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+            continue
+        lo, hi = doc_off[s], doc_off[s + 1]
+        nd = hi - lo  # scored in acc[:nd], as in search_shards
+        indptr = _view(meta, s, 0, np.int64)
+        docs = _view(meta, s, 1, np.int32)
+        tfs = _view(meta, s, 2, code_proto[1].dtype)
+        code = _view(meta, s, 5, code_proto[0].dtype)
+        imp = _impacts32_of(imeta32, s)
+        if _is_dense(indptr, local, nd, dense_min):
+            f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], imp)
+            if f < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
+            av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c,
+                                           margin)
+        else:
+            m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], touched[:nd + 1],
+                            0, imp)
+            if m < 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
+            av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c,
+                                           margin)
+    n, bar = _approx_compact(av, ad, n, bar, k, c, margin)
+    cand = np.sort(ad[:n])
+    bv, br, bd, tv, tr = _new_top(k)
+    nn = 0
+    j = 0
+    while j < n:
+        s = cand[j] >> 32
+        e = j
+        while e < n and (cand[e] >> 32) == s:
+            e += 1
+        _local_terms(_view(meta, s, 3, np.int32), gids, local)
+        lo, hi = doc_off[s], doc_off[s + 1]
+        nn, tv, tr = _rescore_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
+                                    _view(meta, s, 2, code_proto[1].dtype), _view(meta, s, 5, code_proto[0].dtype),
+                                    table, itab,
+                                    cap, local, weights, cand[j:e] & np.int64(0xFFFFFFFF), id_rank[lo:hi],
+                                    np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
+        if nn < 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -nn
+        j = e
+    dn, sc = _top_sorted(bv, br, bd, nn, k)
+    return dn, sc, 0
