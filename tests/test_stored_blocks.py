@@ -13,6 +13,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fields_corpus import write_corpus
 from funnel.pipelines.artifacts import IndexFormatError, load_manifest, read_current, write_manifest
@@ -155,3 +157,23 @@ def test_a_reindex_keeps_or_writes_the_store(root, tmp_path):
     with open_index(root) as a, open_index(old, verify="none") as b:
         for q in QUERIES:
             assert _answer(a, q) == _answer(b, q)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=20), st.text(max_size=300),
+                          st.one_of(st.none(), st.text(min_size=1, max_size=30))),
+                max_size=2 * STORE_BLOCK + 1))
+def test_a_store_gives_back_every_value_it_was_given(tmp_path_factory, docs):
+    """Round trip over any documents (none, a block and one, empty titles and texts, any
+    Unicode, fields or none): each value comes back as written, a missing fields JSON as None."""
+    from funnel.pipelines.docstore import StoreReader, write_store
+    d = str(tmp_path_factory.mktemp("store"))
+    ids, titles, texts, fields = ([x[i] for x in docs] for i in range(4))
+    hashes = [f"h{i}" for i in range(len(docs))]
+    write_store(d, "shard-0000", ids, titles, texts, hashes, fields)
+    r = StoreReader(*store_paths(d, "shard-0000"), len(docs))
+    for i, want in enumerate(zip(ids, titles, texts, hashes, fields)):
+        block, _ = r.block(i // STORE_BLOCK)
+        got = tuple(block.value(c, i % STORE_BLOCK) for c in ("doc_id", "title", "text", "content_hash", "fields"))
+        assert got == want
+    r.close()
