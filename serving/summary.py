@@ -106,6 +106,15 @@ def _quote(text: str, a: int, b: int, cited: tuple[int, int] | None = None) -> l
     return head + lines
 
 
+def _weight_sum(w: list[float], columns) -> float:
+    """The weights of ``columns`` added in order from 0.0 (numpy's sum of so few adds them the
+    same way, so a unit's score is what it was)."""
+    total = 0.0
+    for c in columns:
+        total += w[c]
+    return total
+
+
 def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Callable[[str], int]) -> tuple[int, int]:
     """The excerpt of passage ``j`` of document ``i`` (widened to whole sentences): its best
     unit (sentence or line: most distinct query-term weight, the first on ties) and the units
@@ -120,9 +129,9 @@ def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Calla
         return a, a
     starts, cols, w = ranking.term_positions(i, a, b)
     edges = np.searchsorted(starts, np.asarray([u[:2] for u in us], dtype=np.int64).ravel()).tolist()
-    scores = [float(w[list(set(cols[lo:hi].tolist()))].sum()) if hi > lo else 0.0
-              for lo, hi in zip(edges[::2], edges[1::2])]
-    best = int(np.argmax(scores))
+    cols, w = cols.tolist(), w.tolist()  # a few values a unit: Python lists beat numpy calls here
+    scores = [_weight_sum(w, set(cols[lo:hi])) for lo, hi in zip(edges[::2], edges[1::2])]
+    best = max(range(len(scores)), key=scores.__getitem__)  # the first of the highest
     sizes = [count(d.text[x:y]) for x, y, _ in us]  # a span's count is at most the sum of its units'
     if sizes[best] > cap:
         x, y, _ = us[best]
