@@ -17,30 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fields_corpus import write_corpus
+from test_faults_served_bits import built, root  # noqa: F401 (fixtures: 1,200 documents with fields, 2 shards)
 from funnel.pipelines.artifacts import IndexFormatError, load_manifest, read_current, write_manifest
 from funnel.pipelines.docstore import STORE_BLOCK, store_paths
 from funnel.serving.errors import IndexDamaged
 from funnel.serving.search import open_index
 
 QUERIES = ["river stone", "market signal garden", "lantern meadow thunder", "copper valley"]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> str:
-    """500 documents with fields (2 shards, local engine), built once."""
-    from funnel.jobs.build_index import build
-    d = tmp_path_factory.mktemp("docstore")
-    corpus = str(d / "corpus.jsonl")
-    write_corpus(corpus, n_docs=500, seed=3)
-    build(corpus, str(d / "ix"), shards=2, engine="local")
-    return str(d / "ix")
-
-
-@pytest.fixture
-def root(built, tmp_path) -> str:
-    r = str(tmp_path / "ix")
-    shutil.copytree(built, r)
-    return r
 
 
 def _docs_dir(root: str) -> str:
@@ -78,7 +61,7 @@ def test_every_stored_document_reads_as_its_parquet_record(root, tmp_path):
                 assert a.get(no) == b.get(no)
                 assert a.fields_json(no) == b.fields_json(no)
                 n += a.fields_json(no) is not None
-        assert n == len(a) == 500  # every document kept fields
+        assert n == len(a) == 1200  # every document kept fields
         for q in QUERIES:
             assert _answer(new, q) == _answer(before, q)
         hit = new.search("river", k=1).hits[0]
@@ -138,7 +121,7 @@ def test_a_reindex_keeps_or_writes_the_store(root, tmp_path):
     has none (built before the store) gets one; either way it reads as the parquet record."""
     from funnel.jobs.reindex import reindex
     corpus = str(tmp_path / "corpus.jsonl")
-    write_corpus(corpus, n_docs=500, seed=3)
+    write_corpus(corpus, n_docs=1200, seed=5)  # the fixture's corpus
     live = _docs_dir(root)
     before = {p: open(p, "rb").read() for p in store_paths(live, "shard-0000")}
     m = load_manifest(os.path.dirname(live))
