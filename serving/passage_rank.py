@@ -37,6 +37,7 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import ShardFault
 from .fusion import RRF_K, convex_arrays, ranks_of, rrf_arrays
 
 #: Priority smoothing constant (RRF's k) for a passage's pool rank and its document's rank.
@@ -231,18 +232,13 @@ def bm25_of_docnos(retriever, terms: dict[str, float], docnos: np.ndarray, param
         sh, loc = ix.shards[s], local[sel]
         dl = np.asarray(sh.lengths(params))[loc]
         denom = params.k1 * (1 - params.b + params.b * dl / ix.avgdl)
-        for li, w in zip(sh.local_terms(gids).tolist(), ws.tolist()):
-            if li < 0:
-                continue
-            a, e = int(sh.indptr[li]), int(sh.indptr[li + 1])
-            if e <= a:
-                continue
-            d = np.asarray(sh.docs[a:e])
-            # loc in the postings' dtype (a shard's local ids fit it): mixed dtypes would
-            # convert the whole postings list on every call.
-            j = np.minimum(np.searchsorted(d, loc.astype(d.dtype)), len(d) - 1)
-            tf = np.where(d[j] == loc, np.asarray(sh.tfs[a:e])[j], 0).astype(np.float64)
-            out[sel] += w * tf / (tf + denom)
+        try:
+            tfs = sh.term_freqs(gids, loc).astype(np.float64)  # one postings search per term
+        except ShardFault as e:
+            raise retriever.fault_error(e) from None
+        for w, tf in zip(ws.tolist(), tfs):
+            with np.errstate(invalid="ignore", divide="ignore"):  # k1 = 0: 0 / 0 where tf is 0
+                out[sel] += np.where(tf > 0, w * tf / (tf + denom), 0.0)
     return out
 
 
