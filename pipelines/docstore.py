@@ -16,23 +16,26 @@ the build writes beside it what Lucene calls stored fields:
   store is found by the query that reads it, as the postings' bounds checks find theirs).
 
 Reading one document decompresses its block and decodes that document's values only: about
-10 us for 16 documents of ~1 KB. LZ4, not zstd: Arrow's zstd call costs ~25 us before it
+15 us for 16 documents of ~1 KB. LZ4, not zstd: Arrow's zstd call costs ~25 us before it
 decompresses anything (a context each call), and a hit is read once per answer; Lucene's
-default stored-fields mode makes the same choice. A shard's parquet file stays the record; an index built before the store (or a shard a reindex carried from one) has
-no ``.store`` and is read from parquet as before. The store is checked at open (offsets
+default stored-fields mode makes the same choice. A shard's parquet file stays the record; an
+index built before the store (or a shard a reindex carried from one) has no ``.store`` and is
+read from parquet as before. The store is checked at open (offsets
 increasing, ending at the file's size, as many blocks as the shard has documents) and a block
 whose checksum or header does not fit is reported as damaged, never read past.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
+
 import numpy as np
 import pyarrow as pa
 
-STORE_BLOCK = 16  # documents a block: 16 x ~1 KB decompress in ~40 us; 1 document compresses worse
+STORE_BLOCK = 16  # documents a block: 16 x ~1 KB read in ~15 us; 1 document a block compresses worse
 STORE_SUFFIX = ".store"
 STORE_INDEX_SUFFIX = ".store.npy"
 STORE_COLUMNS = ("doc_id", "title", "text", "content_hash", "fields")
@@ -91,7 +94,8 @@ class StoreDamaged(ValueError):
 
 
 class StoreReader:
-    """One shard's store, memory-mapped; ``block(b)`` decodes block ``b`` into columns."""
+    """One shard's store, memory-mapped (closed when dropped, as the parquet handles are);
+    ``block(b)`` decompresses block ``b`` (a `StoreBlock`)."""
 
     def __init__(self, store: str, index: str, n_docs: int):
         try:
@@ -107,16 +111,7 @@ class StoreReader:
         self.offsets, self.n_docs, self.path = offsets, n_docs, store
         self._codec = _codec()
         with open(store, "rb") as f:
-            import mmap
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-
-    def close(self) -> None:
-        if isinstance(self._map, (bytes, bytearray)):
-            return
-        try:
-            self._map.close()
-        except BufferError:  # a block being decoded holds a view; the map closes when dropped
-            pass
 
     def block(self, b: int) -> tuple[StoreBlock, int]:
         """Block ``b`` (its values decoded when asked for), and its uncompressed size."""

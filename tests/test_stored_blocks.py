@@ -159,4 +159,3 @@ def test_a_store_gives_back_every_value_it_was_given(tmp_path_factory, docs):
         block, _ = r.block(i // STORE_BLOCK)
         got = tuple(block.value(c, i % STORE_BLOCK) for c in ("doc_id", "title", "text", "content_hash", "fields"))
         assert got == want
-    r.close()
