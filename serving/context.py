@@ -23,6 +23,7 @@ its length; pass a real tokenizer's counter for exactness.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 import re
@@ -137,34 +138,56 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
     one keeps at least ``min_sentence_fraction`` of it, else at a word boundary; where not
     even the first word fits (a run of characters without spaces), at a character."""
     if count_tokens is approx_tokens:
-        # The default counter, counted from the word ends alone: the first i words' count is
-        # max(ceil(i * TOKENS_PER_WORD), ceil(chars / CHARS_PER_TOKEN)), and no prefix
-        # longer than budget * CHARS_PER_TOKEN characters fits, so only that much is scanned.
+        # The default counter, counted from the word ends alone: the first i words count
+        # max(ceil(i * TOKENS_PER_WORD), ceil(chars / CHARS_PER_TOKEN)), so the most that fit
+        # are the first `_most_words(budget)` words, or fewer where they end past budget *
+        # CHARS_PER_TOKEN characters. One bounded regex match finds their end.
         limit = budget * CHARS_PER_TOKEN
-        ends = [m.end() for m in _WORD_RUN.finditer(text, 0, limit)]
-        if ends and ends[-1] == limit < len(text) and not text[limit].isspace():
-            ends.pop()  # a word the scan cut: it ends past the limit, so it does not fit
-        fits = lambda i: max(math.ceil(i * TOKENS_PER_WORD), -(-ends[i - 1] // CHARS_PER_TOKEN)) <= budget  # noqa: E731
+        end = _first_words(_most_words(budget)).match(text, 0, limit).end()
+        if end == limit < len(text) and not text[limit].isspace():
+            head = text[:end].rsplit(None, 1)  # the last word was cut at the limit: drop it
+            end = len(head[0]) if len(head) == 2 else 0
+        if end == 0:
+            first = _WORD_RUN.search(text)  # the whole first word (the limit may have cut it)
+            return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
+        prefix = text[:end]
+        lo = None  # the words that fit: counted only where a sentence end is weighed
     else:
         ends = [m.end() for m in _WORD_RUN.finditer(text)]
-        fits = lambda i: count_tokens(text[:ends[i - 1]]) <= budget  # noqa: E731
-    lo, hi = 0, len(ends)  # binary search the number of words that fit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo == 0:
-        first = _WORD_RUN.search(text)  # the whole first word (the scan may have cut it)
-        return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
-    prefix = text[:ends[lo - 1]]
+        lo, hi = 0, len(ends)  # binary search the number of words that fit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count_tokens(text[:ends[mid - 1]]) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            first = _WORD_RUN.search(text)
+            return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
+        prefix = text[:ends[lo - 1]]
     sentence_ends = [m.end() for m in _SENTENCE_END.finditer(prefix + " ")]
     if sentence_ends:
         cut = sentence_ends[-1]
+        if lo is None:
+            lo = len(prefix.split())
         if len(prefix[:cut].split()) >= min_sentence_fraction * lo:
             return prefix[:cut]
     return prefix
+
+
+def _most_words(budget: int) -> int:
+    """The most whitespace words ``approx_tokens`` counts within ``budget`` (by its words alone)."""
+    n = int(budget / TOKENS_PER_WORD) + 1
+    while n > 0 and math.ceil(n * TOKENS_PER_WORD) > budget:
+        n -= 1
+    return n
+
+
+@functools.lru_cache(maxsize=256)
+def _first_words(n: int) -> re.Pattern:
+    """Matches up to ``n`` whitespace words from where it starts, the whitespace before each
+    included (``\\S+`` as `_WORD_RUN` finds words); greedy, so it ends after the last of them."""
+    return re.compile(r"(?:\s*\S+){0,%d}" % n)
 
 
 def _longest_prefix(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
