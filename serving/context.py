@@ -175,6 +175,7 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
     return prefix
 
 
+@functools.lru_cache(maxsize=256)
 def _most_words(budget: int) -> int:
     """The most whitespace words ``approx_tokens`` counts within ``budget`` (by its words alone)."""
     n = int(budget / TOKENS_PER_WORD) + 1

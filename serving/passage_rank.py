@@ -57,6 +57,7 @@ class DocPassages:
     fused: np.ndarray = field(default=None)      # the configured fusion, over the whole pool
     priority: np.ndarray = field(default=None)   # place in the budget (module docstring)
     positions: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)  # PassageRanking.positions
+    position_lists: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # the same, as lists
 
     def order(self) -> np.ndarray:
         """Passage indices, best fused first (first on ties)."""
@@ -72,7 +73,7 @@ class PassageRanking:
     fusion: str
     terms: dict[str, float]      # term -> w·idf (what a matched word of it is worth)
     analyze: Callable[[str], list[str]]
-    _worth: np.ndarray | None = field(default=None, repr=False)  # w·idf per column of sorted(terms)
+    _worth: list[float] | None = field(default=None, repr=False)  # w·idf per column of sorted(terms)
 
     def via(self, d: DocPassages, j: int) -> str:
         """The signals that ranked passage ``j`` of ``d``: "dense+bm25", "dense", "terms", ...
@@ -107,14 +108,17 @@ class PassageRanking:
             d.positions = (starts, cols)
         return d.positions
 
-    def term_positions(self, i: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(character offsets, term columns, w·idf per column) of the query-term words that
-        start in ``text[a:b]`` of document ``i``."""
-        starts, cols = self.positions(i)
-        lo, hi = np.searchsorted(starts, a), np.searchsorted(starts, b)
+    def term_positions(self, i: int) -> tuple[list[int], list[int], list[float]]:
+        """`positions` of document ``i`` as lists (character offsets, ascending; term columns)
+        and w·idf per column: what a quote's few units are scored from, where a list and
+        ``bisect`` cost less than NumPy calls."""
+        d = self.docs[i]
+        if d.position_lists is None:
+            starts, cols = self.positions(i)
+            d.position_lists = (starts.tolist(), cols.tolist())
         if self._worth is None:
-            self._worth = np.asarray([self.terms[t] for t in sorted(self.terms)], dtype=np.float64)
-        return starts[lo:hi], cols[lo:hi], self._worth
+            self._worth = [float(self.terms[t]) for t in sorted(self.terms)]
+        return (*d.position_lists, self._worth)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -338,7 +342,6 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
     return PassageRanking(out, signals, cfg.fusion, worth, analyze)
 
 
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 _PARAGRAPH = re.compile(r"\n[ \t\f]*\n")
 _SENTENCE_OR_LINE = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
 
@@ -366,18 +369,16 @@ def units(text: str, a: int, b: int) -> list[tuple[int, int, int]]:
     """``text[a:b]`` as sentences and lines: ``(start, end, paragraph)``, whitespace trimmed;
     ``paragraph`` counts the blank lines (or form feeds) before the unit within the range."""
     cuts = {a, b}
-    piece = text[a:b]
-    for m in _SENTENCE_END.finditer(piece):
-        cuts.add(a + m.end())
-    for m in re.finditer(r"\n", piece):
-        cuts.add(a + m.start())
-    breaks = [a + m.start() for m in _PARAGRAPH.finditer(piece)]
+    for m in _SENTENCE_OR_LINE.finditer(text, a, b):  # a sentence ends after its mark, a line before its break
+        cuts.add(m.start() if text[m.start()] == "\n" else m.end())
+    breaks = [m.start() for m in _PARAGRAPH.finditer(text, a, b)]
     edges = sorted(cuts)
     out = []
     for x, y in zip(edges, edges[1:]):
-        seg = text[x:y]
-        lead = len(seg) - len(seg.lstrip())
-        trail = len(seg) - len(seg.rstrip())
-        if y - trail > x + lead:
-            out.append((x + lead, y - trail, bisect.bisect_right(breaks, x + lead)))
+        while x < y and text[x].isspace():  # what str.strip strips, without copying the unit
+            x += 1
+        while y > x and text[y - 1].isspace():
+            y -= 1
+        if y > x:
+            out.append((x, y, bisect.bisect_right(breaks, x)))
     return out

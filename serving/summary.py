@@ -34,9 +34,9 @@ Only the hits are read: their documents are the ones the caller's filter and acc
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from typing import Callable, Sequence
 
-import numpy as np
 
 from funnel.pipelines.passages import line_span
 
@@ -123,20 +123,21 @@ def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Calla
     or code a line ending in a colon introduces), then the rest of the passage. A best unit
     longer than ``cap`` is cut (at a sentence end or word) to ``cap``."""
     d = ranking.docs[i]
-    a, b = sentence_bounds(d.text, *(int(x) for x in d.spans[j]))
+    s, e = d.spans[j]
+    a, b = sentence_bounds(d.text, int(s), int(e))
     us = units(d.text, a, b)
     if not us:
         return a, a
-    starts, cols, w = ranking.term_positions(i, a, b)
-    edges = np.searchsorted(starts, np.asarray([u[:2] for u in us], dtype=np.int64).ravel()).tolist()
-    cols, w = cols.tolist(), w.tolist()  # a few values a unit: Python lists beat numpy calls here
-    scores = [_weight_sum(w, set(cols[lo:hi])) for lo, hi in zip(edges[::2], edges[1::2])]
+    starts, cols, w = ranking.term_positions(i)  # lists: for a few units, bisect beats NumPy calls
+    scores = [_weight_sum(w, set(cols[bisect_left(starts, x):bisect_left(starts, y)])) for x, y, _ in us]
     best = max(range(len(scores)), key=scores.__getitem__)  # the first of the highest
-    sizes = [count(d.text[x:y]) for x, y, _ in us]  # a span's count is at most the sum of its units'
-    if sizes[best] > cap:
-        x, y, _ = us[best]
+    x, y, _ = us[best]
+    best_size = count(d.text[x:y])
+    if best_size > cap:
         cut = truncate_to_budget(d.text[x:y], cap, count)
         return x, x + len(cut)
+    # A span's count is at most the sum of its units'.
+    sizes = [count(d.text[u[0]:u[1]]) if k != best else best_size for k, u in enumerate(us)]
 
     def grow(lo: int, hi: int, used: int, near: bool) -> tuple[int, int, int]:
         """Add neighbours, the next one first, while within ``cap``; ``near``: only those in the
@@ -238,6 +239,17 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
     chosen: dict[int, list[tuple[int, int]]] = {}
     cited = {h.docno: (h.passage.start, h.passage.end) for h in hits if h.passage is not None}
     quoted: set[str] = set()  # the same text under two ids is quoted once
+    quotes: dict[tuple[int, int, int], tuple[list[str], int]] = {}
+
+    def quote(i: int, a: int, b: int) -> tuple[list[str], int]:
+        """The lines quoting ``[a, b)`` of document ``i`` and their cost, each made once."""
+        q = quotes.get((i, a, b))
+        if q is None:
+            d = ranking.docs[i]
+            lines = _quote(d.text, a, b, cited.get(d.docno))
+            q = quotes[(i, a, b)] = (lines, cost(lines))
+        return q
+
     if ranking is not None and listed:
         cap = excerpt_tokens(budget)
         index = {d.docno: i for i, d in enumerate(ranking.docs)}
@@ -249,20 +261,22 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
             if left < MIN_EXCERPT_TOKENS:
                 break
             d = ranking.docs[i]
-            at = cited.get(d.docno)
             x, y = excerpt_span(ranking, i, j, cap, count)
-            if y <= x or _normalized(d.text[x:y]) in quoted:
+            if y <= x:
+                continue
+            said = _normalized(d.text[x:y])
+            if said in quoted:
                 continue
             old = chosen.get(i, [])
             new = _merge(old + [(x, y)])
             if new == old:
                 continue
-            old_cost = sum(cost(_quote(d.text, a, b, at)) for a, b in old)
-            delta = sum(cost(_quote(d.text, a, b, at)) for a, b in new) - old_cost
+            old_cost = sum(quote(i, a, b)[1] for a, b in old)
+            delta = sum(quote(i, a, b)[1] for a, b in new) - old_cost
             if delta <= left:
                 chosen[i] = new
                 used += delta
-                quoted.add(_normalized(d.text[x:y]))
+                quoted.add(said)
                 continue
             # The last excerpt: cut to what is left, if that still says something.
             room = left
@@ -271,7 +285,7 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
                 if count(text) < MIN_EXCERPT_TOKENS:
                     break
                 trial = _merge(old + [(x, x + len(text))])
-                delta = sum(cost(_quote(d.text, a, b, at)) for a, b in trial) - old_cost
+                delta = sum(quote(i, a, b)[1] for a, b in trial) - old_cost
                 if delta <= left:
                     chosen[i] = trial
                     used += delta
@@ -294,7 +308,7 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
         lines.append(head)
         i = index.get(h.docno)
         for a, b in chosen.get(i, []) if i is not None else []:
-            lines += _quote(ranking.docs[i].text, a, b, cited.get(h.docno))
+            lines += quote(i, a, b)[0]
     if listed < n:
         lines.append(more_line(n - listed))
     lines += footer
