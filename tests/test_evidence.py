@@ -251,3 +251,27 @@ def test_term_positions_find_every_word_that_analyzes_to_a_query_term(words, que
             for t in dict.fromkeys(analyze(m.group())) if t in terms]
     starts, cols, got_names = term_positions(text, terms, analyze)
     assert got_names == names and list(zip(starts.tolist(), cols.tolist())) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("ab .!?\n\t\f\"')]") + [" \n\n ", "e.g. ", "3.14", "\u00a0", "\u2003"]),
+                max_size=80).map("".join), st.data())
+def test_units_are_the_sentences_and_lines_the_plain_patterns_find(text, data):
+    """A quote's units (`passage_rank.units`) are found with one character-class-led pattern
+    and trimmed without copies: the same (start, end, paragraph) as cutting at every match of
+    the plain sentence-end and line-break patterns and stripping each piece."""
+    from funnel.serving.passage_rank import units
+    a = data.draw(st.integers(0, len(text)))
+    b = data.draw(st.integers(a, len(text)))
+    piece = text[a:b]
+    cuts = {a, b} | {a + m.end() for m in re.finditer(r"[.!?][\"')\]]*(?=\s)", piece)} \
+        | {a + m.start() for m in re.finditer(r"\n", piece)}
+    breaks = [a + m.start() for m in re.finditer(r"\n[ \t\f]*\n", piece)]
+    edges = sorted(cuts)
+    want = []
+    for x, y in zip(edges, edges[1:]):
+        seg = text[x:y]
+        lo, hi = x + len(seg) - len(seg.lstrip()), y - (len(seg) - len(seg.rstrip()))
+        if hi > lo:
+            want.append((lo, hi, sum(1 for p in breaks if p <= lo)))
+    assert units(text, a, b) == want
