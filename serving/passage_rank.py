@@ -174,9 +174,16 @@ def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Calla
     ``terms`` (analyzed index terms), a word counting once per term it yields. Only the words
     that hold a term's `prefixes` are analyzed, so a long document is not analyzed word
     by word."""
+    starts, cols, names = term_position_lists(text, terms, analyze)
+    return np.asarray(starts, dtype=np.int64), np.asarray(cols, dtype=np.int64), names
+
+
+def term_position_lists(text: str, terms: dict[str, float] | set[str], analyze: Callable[[str], list[str]]
+                        ) -> tuple[list[int], list[int], list[str]]:
+    """`term_positions` as Python lists (what it builds them from)."""
     names = sorted(terms)
     if not names or not text:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), names
+        return [], [], names
     cols = {t: j for j, t in enumerate(names)}
     seen: dict[str, list[int]] = {}
     starts, hit_cols = [], []
@@ -187,7 +194,7 @@ def term_positions(text: str, terms: dict[str, float] | set[str], analyze: Calla
         for c in got:
             starts.append(start)
             hit_cols.append(c)
-    return np.asarray(starts, dtype=np.int64), np.asarray(hit_cols, dtype=np.int64), names
+    return starts, hit_cols, names
 
 
 def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Callable[[str], list[str]],
@@ -316,15 +323,16 @@ def rank_passages(searcher, docs: list[tuple[int, int, dict]], terms: dict[str, 
                 lexical = None
         else:
             lexical = None
-        positions = None
+        positions = lists = None
         if lexical is None:
-            positions = term_positions(text, terms, analyze)[:2]
+            lists = term_position_lists(text, terms, analyze)[:2]  # kept: the evidence text scores quotes from them
+            positions = (np.asarray(lists[0], dtype=np.int64), np.asarray(lists[1], dtype=np.int64))
             tf, dl, _ = text_tf(text, spans, terms, analyze, positions)
             tfs.append((tf, dl))
             lexical = np.zeros(len(spans))
         else:
             tfs.append(None)
-        out.append(DocPassages(n, rank, text, spans, dense, lexical, positions=positions))
+        out.append(DocPassages(n, rank, text, spans, dense, lexical, positions=positions, position_lists=lists))
     lex = searcher.bm25 if hasattr(searcher.bm25, "weights") else searcher.bm25.inner
     _, ws, kept = lex.weights(terms)
     worth = dict.fromkeys(names, 0.0) | dict(zip(kept, ws.tolist()))  # term -> w·idf

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 from funnel.pipelines.passages import line_span
 
 from .citations import last_visible
-from .context import approx_tokens, truncate_to_budget
+from .context import CHARS_PER_TOKEN, approx_tokens, truncate_to_budget
 from .passage_rank import PassageRanking, sentence_bounds, units
 from .result import Hit
 
@@ -132,7 +132,10 @@ def excerpt_span(ranking: PassageRanking, i: int, j: int, cap: int, count: Calla
     scores = [_weight_sum(w, set(cols[bisect_left(starts, x):bisect_left(starts, y)])) for x, y, _ in us]
     best = max(range(len(scores)), key=scores.__getitem__)  # the first of the highest
     x, y, _ = us[best]
-    best_size = count(d.text[x:y])
+    # The default counter counts at least a token per CHARS_PER_TOKEN characters, so a longer
+    # unit is over the cap uncounted (a long line of code, a transcript without full stops).
+    too_long = count is approx_tokens and y - x > cap * CHARS_PER_TOKEN
+    best_size = cap + 1 if too_long else count(d.text[x:y])
     if best_size > cap:
         cut = truncate_to_budget(d.text[x:y], cap, count)
         return x, x + len(cut)
