@@ -72,10 +72,11 @@ def excerpt_tokens(budget: int) -> int:
     return int(min(400, max(40, budget // 8)))
 
 
-def where(text: str, a: int, b: int) -> str:
+def where(text: str, a: int, b: int, lines: tuple[int, int] | None = None) -> str:
     """``lines 3-9, page 2, start=120, end=560`` of ``text[a:b]`` (page: where the text has
-    PDF page breaks, form feeds; ``get_document`` takes start and end as they are)."""
-    first, last = line_span(text, a, b)
+    PDF page breaks, form feeds; ``get_document`` takes start and end as they are).
+    ``lines``: its first and last line where known already (a citation's)."""
+    first, last = lines or line_span(text, a, b)
     out = f"line {first}" if first == last else f"lines {first}-{last}"
     if "\f" in text:
         # The last page as the citation's page_end counts it (documents.page_span).
@@ -92,7 +93,8 @@ def _title(h: Hit) -> str:
 def _head(h: Hit, text: str) -> str:
     head = f"{h.rank}. [{h.doc_id}] {_title(h)}".rstrip()
     if h.passage is not None:
-        head += f" [{where(text, h.passage.start, h.passage.end)}]"
+        c = h.passage
+        head += f" [{where(text, c.start, c.end, (c.line_start, c.line_end))}]"
     return head
 
 
