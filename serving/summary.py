@@ -243,7 +243,9 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
 
     chosen: dict[int, list[tuple[int, int]]] = {}
     cited = {h.docno: (h.passage.start, h.passage.end) for h in hits if h.passage is not None}
-    quoted: set[str] = set()  # the same text under two ids is quoted once
+    # The same text under two ids is quoted once: quoted texts by their first word, compared
+    # whitespace- and case-normalized only where a first word is shared (rarely).
+    quoted: dict[str, list[str]] = {}
     quotes: dict[tuple[int, int, int], tuple[list[str], int]] = {}
 
     def quote(i: int, a: int, b: int) -> tuple[list[str], int]:
@@ -269,8 +271,9 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
             x, y = excerpt_span(ranking, i, j, cap, count)
             if y <= x:
                 continue
-            said = _normalized(d.text[x:y])
-            if said in quoted:
+            said = d.text[x:y]
+            first = (said.split(None, 1) or [""])[0].casefold()
+            if first in quoted and _normalized(said) in {_normalized(t) for t in quoted[first]}:
                 continue
             old = chosen.get(i, [])
             new = _merge(old + [(x, y)])
@@ -281,7 +284,7 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
             if delta <= left:
                 chosen[i] = new
                 used += delta
-                quoted.add(said)
+                quoted.setdefault(first, []).append(said)
                 continue
             # The last excerpt: cut to what is left, if that still says something.
             room = left

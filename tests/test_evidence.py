@@ -176,6 +176,28 @@ def test_the_summary_never_exceeds_its_budget(docs, budget, query):
     assert approx_tokens(text) <= budget
 
 
+def test_the_same_text_under_two_ids_is_quoted_once():
+    """A document stored twice (another id, other spacing and case) is listed as a hit but its
+    text is not quoted twice; a different text that starts with the same word still is."""
+    texts = {0: "Pool size sets the connections held. It defaults to ten.",
+             1: "pool  SIZE sets the\nconnections held.   It defaults to TEN.",
+             2: "Pool workers are started lazily, one per core."}
+    hits, passages = [], []
+    for i, text in texts.items():
+        n = len(text)
+        cite = Citation(text, 0, n, 1, text.count("\n") + 1, 0, 1.0, "terms")
+        hits.append(Hit(doc_id=f"d{i}", rank=i + 1, score=1.0, title=f"t{i}", docno=i, passage=cite, passages=(cite,)))
+        passages.append(DocPassages(i, i + 1, text, np.asarray([[0, n]], dtype=np.int64), None, np.asarray([1.0])))
+    fuse(passages, "convex", 0.55, 60)
+    ranking = PassageRanking(passages, ("terms",), "convex", {"pool": 2.0, "size": 1.0},
+                             lambda w: [w.lower().rstrip(".!")])
+    text = evidence_summary("pool size", "bm25", hits, texts, ranking, 1000)
+    quoted = [line for line in text.splitlines() if line.startswith("   > ")]
+    assert sum("connections held" in line for line in quoted) == 1
+    assert sum("workers are started lazily" in line for line in quoted) == 1
+    assert "[d0]" in text and "[d1]" in text and "[d2]" in text
+
+
 # -- filters and access ---------------------------------------------------------------------
 
 
