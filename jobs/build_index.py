@@ -340,12 +340,17 @@ def _fault_hook(stage: str, spec: str | None):
     return die
 
 
-def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=None, fault: str | None = None) -> tuple:
+def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=None, fault: str | None = None,
+                     spill_to: str | None = None) -> tuple:
     """Ray task of the read stage: one chunk's valid rows as ``n_shards`` Arrow tables (one per
     shard, into the object store, which spills to disk when full), then the chunk's report
     (lines, valid rows, rejects). All are the task's own return values, owned by the driver:
-    a lost one is rebuilt by running the task again."""
-    from funnel.jobs.local_engine import split_by_shard
+    a lost one is rebuilt by running the task again.
+
+    With ``spill_to`` (a work folder every worker shares with the driver) the rows go there
+    instead, per shard, as the local engine spills them (``local_engine._spill``), and the
+    report is the only return value: no shard's rows wait in shared memory."""
+    from funnel.jobs.local_engine import _spill, split_by_shard
     from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk
 
     chunk = Chunk(**{k: chunk_dict[k] for k in ("index", "path", "kind", "start", "end", "row_group",
@@ -358,13 +363,18 @@ def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=N
         counter.add.remote("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
     report = {"chunk": chunk.index, "path": chunk.path, "lines": res.lines, "rows": len(res.rows),
               "rejects": res.rejects}
+    if spill_to is not None:
+        _spill(spill_to, chunk.index, res.rows, n_shards)  # a retry rewrites the same files
+        return report
     return (*split_by_shard(res.rows, n_shards), report)
 
 
 def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, counter, ship: bool,
-                fault: str | None, *parts):
+                fault: str | None, spilled: bool, *parts):
     """Ray task of the shard stage (a streaming generator): build shard ``shard`` from its
-    ``parts`` (one table per chunk, in chunk order), yield rows of `worker_files`.
+    ``parts`` (one table per chunk, in chunk order), yield rows of `worker_files`. With
+    ``spilled`` the parts are the read tasks' reports (waited for, not read) and the rows are
+    the ones they spilled under ``work_dir`` (``local_engine._shard_rows``).
 
     Without ``ship`` the shard's files go to the driver's ``out_dir``/``work_dir`` (a disk the
     workers share) and the task yields its summary row; with ``ship`` they go to a temporary
@@ -377,21 +387,25 @@ def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, cou
 
     from funnel.jobs.worker_files import result_rows
     from funnel.pipelines.analysis import AnalyzerConfig
-    from funnel.pipelines.shard import build_lexical_shard
+    from funnel.pipelines.shard import index_shard_docs, shard_summary, write_shard_docs
+
+    from funnel.jobs.local_engine import _shard_rows
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
-    rows = pa.concat_tables(parts).to_pydict()
+    # Arrow buffers: read from the spilled files, or in the object store's shared memory, not copied
+    rows = _shard_rows(work_dir, shard) if spilled else pa.concat_tables(parts)
     del parts
     tmp = tempfile.mkdtemp(prefix=f"funnel-shard-{shard:04d}-") if ship else None
     dirs = (os.path.join(tmp, "out"), os.path.join(tmp, "work")) if ship else (out_dir, work_dir)
     progress = (lambda n: counter.add.remote("index", docs=n)) if counter is not None else None
     try:
-        s = build_lexical_shard(rows, shard, *dirs, cfg, progress=progress)
+        docs = write_shard_docs(rows, shard, *dirs)
+        del rows
+        s = shard_summary(docs, index_shard_docs(shard, dirs[0], cfg, progress=progress))
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    del rows
     die = _fault_hook("shard", fault)
     if die is not None:  # after the shard's files are written: the retry writes them again
         die(shard)
@@ -490,21 +504,29 @@ def _ray_lexical(chunks: list, spec, shards: int, staging: str, work: str, analy
         return Status("index shards", index.get("docs", 0), total=read.get("docs", 0),
                       detail=f"{index.get('shards', 0)} of {shards} shards written")
 
-    read = ray.remote(_read_chunk_task).options(num_returns=shards + 1, num_cpus=1)
+    # Workers that share this disk spill each chunk's rows to the work folder, per shard, and
+    # each shard task reads its own back: nothing waits in the object store, whose shared
+    # memory otherwise held every shard's rows (the whole corpus, ~1 GiB at 1M synthetic
+    # documents) until the last shard was built. Shipped workers pass them through Ray.
+    spilled = not ship
+    read = ray.remote(_read_chunk_task).options(num_returns=1 if spilled else shards + 1, num_cpus=1)
     # max_calls=1: each shard in a fresh worker process, which gives all its memory back when it
     # exits (a worker reused for the next shard kept the last one's heap: 1.7 GB for 80 MiB shards).
     build = ray.remote(max_calls=1)(_shard_task).options(num_returns="streaming", num_cpus=1)
     receiver = FileReceiver({"out": staging, "work": work})
     spec_dict, fault = spec.to_dict(), os.environ.get(FAULT_ENV)
     with ProgressLog(lexical_status, progress_seconds, log):
-        parts = [read.remote(c.to_dict(), spec_dict, shards, counter, fault) for c in chunks]
-        gens = [build.remote(s, staging, work, analyzer_cfg, counter, ship, fault, *[p[s] for p in parts])
+        parts = [read.remote(c.to_dict(), spec_dict, shards, counter, fault, work if spilled else None)
+                 for c in chunks]
+        reports = parts if spilled else [p[shards] for p in parts]
+        gens = [build.remote(s, staging, work, analyzer_cfg, counter, ship, fault, spilled,
+                             *(reports if spilled else [p[s] for p in parts]))
                 for s in range(shards)]
         os.makedirs(os.path.join(work, "rejects"), exist_ok=True)
-        for report in ray.get([p[shards] for p in parts]):
+        for report in ray.get(reports):
             with open(os.path.join(work, "rejects", f"chunk-{int(report['chunk']):06d}.json"), "w") as f:
                 json.dump(report, f)
-        del parts  # the shard tasks hold their own references
+        del parts, reports  # the shard tasks hold their own references
         for gen in gens:
             for ref in gen:
                 receiver.add(_row_table(ray.get(ref)))

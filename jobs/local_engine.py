@@ -63,15 +63,15 @@ def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None
             pq.write_table(table, os.path.join(d, f"chunk-{chunk_index:06d}.parquet"))
 
 
-def _shard_rows(work: str, shard: int) -> dict:
-    """The spilled rows of ``shard`` as a dict of lists (empty lists for a shard without rows)."""
+def _shard_rows(work: str, shard: int) -> pa.Table:
+    """The spilled rows of ``shard`` as one Arrow table, in chunk order (an empty table for a
+    shard without rows)."""
     from funnel.pipelines.shard import shard_name
     d = os.path.join(work, "rows", shard_name(shard))
     files = sorted(os.listdir(d)) if os.path.isdir(d) else []
     if not files:
-        return {c: [] for c in ROW_COLUMNS}
-    table = pa.concat_tables([pq.read_table(os.path.join(d, f)) for f in files])
-    return table.to_pydict()
+        return _ROW_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(os.path.join(d, f)) for f in files])
 
 
 def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, analyzer_cfg: dict,
@@ -84,7 +84,7 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
     """
     from funnel.pipelines.analysis import AnalyzerConfig
     from funnel.pipelines.corpus import read_chunk
-    from funnel.pipelines.shard import build_lexical_shard
+    from funnel.pipelines.shard import index_shard_docs, shard_summary, write_shard_docs
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
     done = {"chunks": 0, "docs": 0, "rejects": 0, "indexed": 0, "shards": 0}
@@ -109,7 +109,10 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
             done["docs"] += len(res.rows)
             done["rejects"] += len(res.rejects)
         for s in range(n_shards):
-            summaries.append(build_lexical_shard(_shard_rows(work, s), s, staging, work, cfg, progress=analyzed))
+            rows = _shard_rows(work, s)
+            docs = write_shard_docs(rows, s, staging, work)
+            del rows  # not held while the shard's postings are inverted (build_lexical_shard)
+            summaries.append(shard_summary(docs, index_shard_docs(s, staging, cfg, progress=analyzed)))
             done["shards"] += 1
     return summaries
 

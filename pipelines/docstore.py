@@ -64,28 +64,48 @@ def write_store(docs_dir: str, name: str, doc_ids: list[str], titles: list[str],
     so a crash never leaves a half-written store under the final name)."""
     n = len(doc_ids)
     fields = fields if fields is not None else [None] * n
-    cols = [doc_ids, titles, texts, hashes, fields]
+    _write_blocks(docs_dir, name, n, [[doc_ids, titles, texts, hashes, fields]])
+
+
+def _write_blocks(docs_dir: str, name: str, n: int, slices) -> None:
+    """``write_store`` of ``n`` documents given as ``slices``: consecutive column lists (in
+    ``STORE_COLUMNS`` order), each a multiple of ``STORE_BLOCK`` documents but the last."""
     codec = _codec()
     store, index = store_paths(docs_dir, name)
     offsets = np.zeros((-(-n // STORE_BLOCK) + 1, 3), dtype=np.int64)
+    b = 0
     with open(store + ".tmp", "wb") as f:
-        for b, lo in enumerate(range(0, n, STORE_BLOCK)):
-            raw = _encode(cols, lo, min(n, lo + STORE_BLOCK))
-            z = codec.compress(raw, asbytes=True)
-            f.write(z)
-            offsets[b + 1, :2] = offsets[b, 0] + len(z), offsets[b, 1] + len(raw)
-            offsets[b, 2] = zlib.crc32(z)
+        for cols in slices:
+            m = len(cols[0])
+            for lo in range(0, m, STORE_BLOCK):
+                raw = _encode(cols, lo, min(m, lo + STORE_BLOCK))
+                z = codec.compress(raw, asbytes=True)
+                f.write(z)
+                offsets[b + 1, :2] = offsets[b, 0] + len(z), offsets[b, 1] + len(raw)
+                offsets[b, 2] = zlib.crc32(z)
+                b += 1
     with open(index + ".tmp", "wb") as f:
         np.save(f, offsets)
     os.replace(store + ".tmp", store)
     os.replace(index + ".tmp", index)
 
 
-def write_store_table(docs_dir: str, name: str, table: pa.Table) -> None:
-    """``write_store`` from a docs table (doc_id, title, text, content_hash and maybe fields)."""
-    col = lambda c: table.column(c).to_pylist()  # noqa: E731
-    write_store(docs_dir, name, col("doc_id"), col("title"), col("text"), col("content_hash"),
-                col("fields") if "fields" in table.column_names else None)
+def write_store_table(docs_dir: str, name: str, table: pa.Table, slice_rows: int | None = None) -> None:
+    """``write_store`` from a docs table (doc_id, title, text, content_hash and maybe fields),
+    its values made Python strings ``slice_rows`` documents at a time (rounded up to whole
+    blocks; None: all at once): the same bytes, with memory for a slice instead of the shard."""
+    n = table.num_rows
+    step = n if slice_rows is None else -(-max(1, slice_rows) // STORE_BLOCK) * STORE_BLOCK
+    has_fields = "fields" in table.column_names
+
+    def slices():
+        for lo in range(0, n, max(1, step)):
+            part = table.slice(lo, step)
+            col = lambda c: part.column(c).to_pylist()  # noqa: E731
+            yield [col("doc_id"), col("title"), col("text"), col("content_hash"),
+                   col("fields") if has_fields else [None] * part.num_rows]
+
+    _write_blocks(docs_dir, name, n, slices())
 
 
 class StoreDamaged(ValueError):

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
-from .docstore import write_store
+from .docstore import write_store_table
 from .postings import PostingsBuilder, write_shard
 
 #: Documents analyzed between two ``progress`` calls of `build_lexical_shard`.
@@ -28,67 +28,126 @@ def shard_name(shard: int) -> str:
     return f"shard-{shard:04d}"
 
 
-def build_lexical_shard(rows: dict, shard: int, out_dir: str, work_dir: str,
+def build_lexical_shard(rows: dict | pa.Table, shard: int, out_dir: str, work_dir: str,
                         analyzer_config: AnalyzerConfig | None = None,
                         progress: Callable[[int], None] | None = None) -> dict:
     """Write ``docs/shard-NNNN.parquet`` and ``lexical/shard-NNNN/`` under ``out_dir``.
 
-    ``rows`` is a dict of equal-length sequences with doc_id, title, text, content_hash,
-    chunk, line. Returns the shard summary (counts, per-document sums for the corpus
-    fingerprint). ``progress(n)``, if given, is told every ``PROGRESS_EVERY`` documents
-    analyzed (and once for the rest), so a large shard reports while it works.
+    ``rows`` is an Arrow table, or a dict of equal-length sequences, with doc_id, title,
+    text, content_hash, chunk, line (and optionally fields). Returns the shard summary
+    (counts, per-document sums for the corpus fingerprint). ``progress(n)``, if given, is told
+    every ``PROGRESS_EVERY`` documents analyzed (and once for the rest), so a large shard
+    reports while it works.
+
+    `write_shard_docs` then `index_shard_docs`: a caller that can drop ``rows`` between the
+    two (the build's engines do) does not hold them while the postings are inverted.
     """
-    analyzer = Analyzer(analyzer_config)
-    n = len(rows["doc_id"])
-    order = np.lexsort((np.asarray(rows["line"], dtype=np.int64), np.asarray(rows["chunk"], dtype=np.int64))) \
-        if n else np.zeros(0, dtype=np.int64)
+    docs = write_shard_docs(rows, shard, out_dir, work_dir)
+    return shard_summary(docs, index_shard_docs(shard, out_dir, analyzer_config, progress))
+
+
+def shard_summary(docs: dict, lexical: dict) -> dict:
+    """`build_lexical_shard`'s summary from its two halves' results."""
+    return {"shard": docs["shard"], "n_docs": docs["n_docs"], **lexical, "fingerprint_sum": docs["fingerprint_sum"]}
+
+
+#: Rows converted to Python strings at a time while a shard's documents are written and
+#: analyzed: the shard's text stays in Arrow buffers, never a Python string per document of it.
+SLICE_ROWS = 4096
+
+
+def _rows_table(rows: dict | pa.Table) -> pa.Table:
+    """``rows`` as a table; a dict's values as strings (``str()`` of each, as the ids and texts
+    are written) and its fields column kept only where present."""
+    if isinstance(rows, pa.Table):
+        return rows
+    cols = {c: pa.array([str(v) for v in rows[c]], pa.string()) for c in ("doc_id", "title", "text", "content_hash")}
+    cols.update({c: pa.array(np.asarray(rows[c], dtype=np.int64)) for c in ("chunk", "line")})
+    if rows.get("fields") is not None:
+        cols["fields"] = pa.array(list(rows["fields"]), pa.string())
+    return pa.table(cols)
+
+
+def write_shard_docs(rows: dict | pa.Table, shard: int, out_dir: str, work_dir: str) -> dict:
+    """The first half of `build_lexical_shard`: dedupe ``rows`` (the first occurrence of an id
+    in corpus order wins; later ones become rejects in ``work_dir/rejects/shard-NNNN.json``)
+    and write ``docs/shard-NNNN.parquet`` and the shard's document store. Returns
+    ``{"shard", "n_docs", "fingerprint_sum"}``.
+
+    The text is read from Arrow buffers ``SLICE_ROWS`` documents at a time: memory follows
+    ``rows`` (Arrow, no copy unless duplicates are dropped), not a Python string per document.
+    """
+    table = _rows_table(rows)
+    n = table.num_rows
+    ids = table.column("doc_id").to_pylist()
+    if n:
+        chunk = np.asarray(table.column("chunk").to_numpy(), dtype=np.int64)
+        line = np.asarray(table.column("line").to_numpy(), dtype=np.int64)
+        order = np.lexsort((line, chunk))
+    else:
+        chunk = line = order = np.zeros(0, dtype=np.int64)
     seen: dict[str, tuple[int, int]] = {}
     keep: list[int] = []
     rejects = []
     for i in order:
-        did = str(rows["doc_id"][i])
-        where = (int(rows["chunk"][i]), int(rows["line"][i]))
+        did = ids[i]
+        where = (int(chunk[i]), int(line[i]))
         if did in seen:
             rejects.append({"chunk": where[0], "line": where[1], "doc_id": did,
                             "reason": "duplicate id", "first": list(seen[did])})
             continue
         seen[did] = where
         keep.append(int(i))
-    doc_ids = [str(rows["doc_id"][i]) for i in keep]
-    titles = [str(rows["title"][i]) for i in keep]
-    texts = [str(rows["text"][i]) for i in keep]
-    hashes = [str(rows["content_hash"][i]) for i in keep]
-    builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
-    for i, (t, x) in enumerate(zip(titles, texts), start=1):
-        builder.add_text(flat_document(t, x), analyzer)
-        if progress is not None and i % PROGRESS_EVERY == 0:
-            progress(PROGRESS_EVERY)
-    if progress is not None and len(texts) % PROGRESS_EVERY:
-        progress(len(texts) % PROGRESS_EVERY)
-    post = builder.finish()
-    name = shard_name(shard)
-    write_shard(os.path.join(out_dir, "lexical", name), post)
-    os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
-    table = pa.table({
-        "doc_id": pa.array(doc_ids, pa.string()), "title": pa.array(titles, pa.string()),
-        "text": pa.array(texts, pa.string()), "content_hash": pa.array(hashes, pa.string()),
+    del seen, chunk, line, order
+    doc_ids = [ids[i] for i in keep]
+    del ids
+    if keep != list(range(n)):  # duplicates or rows out of corpus order: the kept ones, in order
+        table = table.take(pa.array(keep, pa.int64()))
+    hashes = table.column("content_hash").to_pylist()
+    out = pa.table({
+        "doc_id": table.column("doc_id"), "title": table.column("title"), "text": table.column("text"),
+        "content_hash": table.column("content_hash"),
         "shard": pa.array(np.full(len(keep), shard, dtype=np.int32)),
         "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
     })
-    fields = rows.get("fields")
-    kept_fields = None
-    if fields is not None and any(fields[i] is not None for i in keep):  # kept fields (pipelines.fields)
-        kept_fields = [fields[i] for i in keep]
-        table = table.append_column("fields", pa.array(kept_fields, pa.string()))
-    pq.write_table(table, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=DOCS_ROW_GROUP)
-    write_store(os.path.join(out_dir, "docs"), name, doc_ids, titles, texts, hashes, kept_fields)
+    if "fields" in table.column_names and table.column("fields").null_count < len(keep):
+        out = out.append_column("fields", table.column("fields").cast(pa.string()))  # kept fields (pipelines.fields)
+    del table
+    name = shard_name(shard)
+    os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
+    pq.write_table(out, os.path.join(out_dir, "docs", f"{name}.parquet"), row_group_size=DOCS_ROW_GROUP)
+    write_store_table(os.path.join(out_dir, "docs"), name, out, slice_rows=SLICE_ROWS)
     os.makedirs(os.path.join(work_dir, "rejects"), exist_ok=True)
     with open(os.path.join(work_dir, "rejects", f"{name}.json"), "w") as f:
         json.dump(rejects, f)
-    return {"shard": shard, "n_docs": len(keep),
-            "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
-            "total_terms": post.total_terms, "n_terms": len(post.terms),
-            "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes)}
+    return {"shard": shard, "n_docs": len(keep), "fingerprint_sum": corpus_fingerprint_part(doc_ids, hashes)}
+
+
+def index_shard_docs(shard: int, out_dir: str, analyzer_config: AnalyzerConfig | None = None,
+                     progress: Callable[[int], None] | None = None) -> dict:
+    """The second half of `build_lexical_shard`: invert ``docs/shard-NNNN.parquet`` (as
+    `write_shard_docs` wrote it, read back one row group at a time) into
+    ``lexical/shard-NNNN/``; the summary's lexical counts. While the postings are inverted
+    and sorted this holds them and one row group of text, nothing else of the shard."""
+    analyzer = Analyzer(analyzer_config)
+    name = shard_name(shard)
+    builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
+    f = pq.ParquetFile(os.path.join(out_dir, "docs", f"{name}.parquet"))
+    n = 0
+    for batch in f.iter_batches(batch_size=SLICE_ROWS, columns=["title", "text"]):
+        for t, x in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+            builder.add_text(flat_document(t, x), analyzer)
+            n += 1
+            if progress is not None and n % PROGRESS_EVERY == 0:
+                progress(PROGRESS_EVERY)
+        del batch
+    f.close()
+    if progress is not None and n % PROGRESS_EVERY:
+        progress(n % PROGRESS_EVERY)
+    post = builder.finish()
+    write_shard(os.path.join(out_dir, "lexical", name), post)
+    return {"n_docs_nonempty": int(np.count_nonzero(post.doclen)),
+            "total_terms": post.total_terms, "n_terms": len(post.terms)}
 
 
 def flat_document(title: str, text: str) -> str:

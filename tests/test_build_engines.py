@@ -99,6 +99,21 @@ def test_local_and_ray_publish_the_same_bm25_index(ray_session, messy_corpus, tm
     assert_same_results(roots["ray"], roots["local"])
 
 
+def test_rows_through_the_object_store_or_the_work_folder_publish_the_same_index(ray_session, messy_corpus,
+                                                                                 tmp_path):
+    """On a shared disk the read tasks spill each chunk's rows to the work folder and each shard
+    task reads its own back; without one (``shared_disk=False``) the rows wait in Ray's object
+    store and the shard files come back through Ray. Both publish the local engine's index."""
+    roots = {}
+    for name, shared in (("spilled", True), ("object-store", False)):
+        roots[name] = str(tmp_path / name)
+        rep = build(messy_corpus, roots[name], shards=3, engine="ray", chunk_bytes=64 << 10, shared_disk=shared)
+        assert rep.ray["worker_files"]["shipped"] is (not shared) and rep.n_rejects == 4
+    build(messy_corpus, str(tmp_path / "local"), shards=3, engine="local", chunk_bytes=64 << 10)
+    for name in roots:
+        assert_same_index(roots[name], str(tmp_path / "local"))
+
+
 def test_empty_shards_are_the_same_on_both_engines(ray_session, tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "a", "text": "apples and pears"},
                                                 {"_id": "b", "text": "pears and plums"}])

@@ -71,5 +71,16 @@ def test_the_counting_sort_equals_lexsort(monkeypatch):
     got = _reference(texts, Analyzer())
     monkeypatch.setattr(kernels, "HAVE_NUMBA", False)
     assert _same(_reference(texts, Analyzer()), got)
-    assert got.docs.dtype == np.int32 and got.tfs.dtype == np.int32
+    assert got.docs.dtype == np.int32 and got.tfs.dtype == np.uint16  # narrowed as tfs.npy stores them
     assert postings.build_postings([["a", "b", "a"], [], ["b"]]).docs.tolist() == [0, 0, 2]
+
+
+def test_a_tf_above_uint16_keeps_int32_tfs(monkeypatch):
+    """``finish`` narrows tfs to uint16 before its sort only where every tf fits: a document
+    repeating a term 70,000 times keeps int32 tfs, with the same postings either way."""
+    docs = [["a"] * 70_000 + ["b"], ["b", "c"], ["a", "c", "c"]]
+    got = postings.build_postings(docs)
+    assert got.tfs.dtype == np.int32 and got.tfs.tolist() == [70_000, 1, 1, 1, 1, 2]
+    assert got.docs.tolist() == [0, 2, 0, 1, 1, 2] and got.cf.tolist() == [70_001, 2, 3]
+    monkeypatch.setattr(kernels, "HAVE_NUMBA", False)
+    assert _same(postings.build_postings(docs), got)

@@ -164,6 +164,19 @@ def place_postings(tids, docs, tfs, indptr):
 
 
 @jit
+def place_values(tids, values, indptr):
+    """``values`` with each moved to its term's next free slot (``indptr[t]`` on), in input
+    order: `place_postings` for one array, so the build's sort holds one output at a time."""
+    nxt = indptr[:-1].copy()
+    out = np.empty(values.shape[0], dtype=values.dtype)
+    for i in range(tids.shape[0]):
+        t = tids[i]
+        out[nxt[t]] = values[i]
+        nxt[t] += 1
+    return out
+
+
+@jit
 def term_bounds(indptr, docs, tfs, doclen):
     """Per term: the largest tf and the shortest document length in its postings."""
     V = indptr.shape[0] - 1
