@@ -1,6 +1,7 @@
 """Build peak memory: funnel's local engine, funnel's default (auto) engine and PISA, one run.
 
     .venv/bin/python bench/bench_build_memory.py [--sizes 1m[,3m]] [--engines local,auto] [--synth DIR] [--write]
+    .venv/bin/python bench/bench_build_memory.py --from-results WORK/results.json --write   # record a saved run
 
 Per size, on ``bench/synth.py``'s corpus (seed 0, cached under ``--synth``/SIZE), one after
 the other, each a fresh child process measured from outside by ``bench_scale.measure``
@@ -14,7 +15,7 @@ descendants every 0.2 s, each process's peak):
 
 Prints a table with each build's peak tree RSS and PSS, its largest single process, and
 funnel ÷ PISA per engine (issue 50's target: peak RSS at most 1.5x PISA's at 1M and 3M), and
-``--write`` records the "build-memory" section of bench/RESULTS.md. Logs, ``.mem.tsv``
+``--write`` records the "build-memory-SIZES" section of bench/RESULTS.md (one per set of sizes). Logs, ``.mem.tsv``
 timelines and ``.procs.tsv`` per-process peaks stay under ``--work``/SIZE/ENGINE; the
 indexes are deleted after each size unless ``--keep``.
 """
@@ -146,8 +147,15 @@ def main(argv=None) -> None:
     p.add_argument("--work", default=os.path.join(".funnel", "build-memory"),
                    help="logs, timelines, results.json (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the indexes")
-    p.add_argument("--write", action="store_true", help="record the 'build-memory' section of bench/RESULTS.md")
+    p.add_argument("--write", action="store_true", help="record the 'build-memory-SIZES' section of bench/RESULTS.md")
+    p.add_argument("--from-results", metavar="JSON", default=None,
+                   help="run nothing: print (and with --write record) a saved results.json under its own command")
     a = p.parse_args(argv)
+    if a.from_results:
+        with open(a.from_results) as f:
+            saved = json.load(f)
+        _report(saved["results"], saved["command"], a.write)
+        return
     a.engines = [e for e in a.engines.split(",") if e]
     bad = [e for e in a.engines if e not in ("auto", "local", "ray")]
     if bad:
@@ -161,7 +169,13 @@ def main(argv=None) -> None:
         with open(os.path.join(a.work, "results.json"), "w") as f:
             json.dump({"command": command, "results": results}, f, indent=1)
     print(f"({time.time() - t:.0f}s)")
-    report("build-memory", TITLE, render(results, command), a.write)
+    _report(results, command, a.write)
+
+
+def _report(results: dict, command: str, write: bool) -> None:
+    sizes = ",".join(bench_scale.label(int(n)) for n in results)
+    report(f"build-memory-{sizes}", f"{TITLE}, {sizes.replace(',', ' and ')} documents", render(results, command),
+           write)
 
 
 if __name__ == "__main__":

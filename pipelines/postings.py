@@ -174,8 +174,10 @@ class PostingsBuilder:
         remap = np.empty(len(vocab), dtype=np.int32)
         for new, t in enumerate(terms):
             remap[vocab[t]] = new
-        tid_arr = remap[np.frombuffer(self.tids, dtype=np.int32)] if len(self.tids) else np.zeros(0, np.int32)
-        self.tids = array("i")
+        # Remapped in place, a slice at a time: no second copy of the term ids.
+        tid_arr = np.frombuffer(self.tids, dtype=np.int32) if len(self.tids) else np.zeros(0, np.int32)
+        for lo in range(0, len(tid_arr), 1 << 20):
+            tid_arr[lo:lo + (1 << 20)] = remap[tid_arr[lo:lo + (1 << 20)]]
         did_arr = np.frombuffer(self.dids, dtype=np.int32)
         tf_arr = np.frombuffer(self.tfs, dtype=np.int32)
         df = np.bincount(tid_arr, minlength=len(terms)).astype(np.int64)
@@ -201,7 +203,7 @@ class PostingsBuilder:
             did_arr, tf_arr = did_arr[order], tf_arr[order]
             del order
         del tid_arr
-        self.dids = self.tfs = array("i")  # the views above are gone: free the buffers
+        self.tids = self.dids = self.tfs = array("i")  # the views above are gone: free the buffers
         # Every term has a posting, so its tfs are the run from indptr[t] on: summed in place
         # (bincount's float64 weights would add 8 bytes a posting at the peak).
         cf = (np.add.reduceat(tf_arr, indptr[:-1], dtype=np.int64) if len(tf_arr)

@@ -129,6 +129,9 @@ def index_shard_docs(shard: int, out_dir: str, analyzer_config: AnalyzerConfig |
     `write_shard_docs` wrote it, read back one row group at a time) into
     ``lexical/shard-NNNN/``; the summary's lexical counts. While the postings are inverted
     and sorted this holds them and one row group of text, nothing else of the shard."""
+    # What Arrow's allocator kept of freed buffers (the rows a caller dropped: reading them
+    # from Parquet took ~3x their size) goes back to the system before the postings grow.
+    pa.default_memory_pool().release_unused()
     analyzer = Analyzer(analyzer_config)
     name = shard_name(shard)
     builder = PostingsBuilder()  # each document's tokens are inverted and dropped at once
@@ -142,6 +145,7 @@ def index_shard_docs(shard: int, out_dir: str, analyzer_config: AnalyzerConfig |
                 progress(PROGRESS_EVERY)
         del batch
     f.close()
+    pa.default_memory_pool().release_unused()
     if progress is not None and n % PROGRESS_EVERY:
         progress(n % PROGRESS_EVERY)
     post = builder.finish()
