@@ -150,11 +150,23 @@ def main(argv=None) -> None:
     p.add_argument("--write", action="store_true", help="record the 'build-memory-SIZES' section of bench/RESULTS.md")
     p.add_argument("--from-results", metavar="JSON", default=None,
                    help="run nothing: print (and with --write record) a saved results.json under its own command")
+    p.add_argument("--supplement", metavar="JSON=LABEL", action="append", default=[],
+                   help="with --from-results: another saved run's table, appended under its own command and "
+                        "LABEL (say what differs, e.g. the code it ran), not merged with the main run")
     a = p.parse_args(argv)
     if a.from_results:
         with open(a.from_results) as f:
             saved = json.load(f)
-        _report(saved["results"], saved["command"], a.write)
+        body = render(saved["results"], saved["command"])
+        for item in a.supplement:
+            path, _, label = item.partition("=")
+            with open(path) as f:
+                sup = json.load(f)
+            rows = [line for line in render(sup["results"], sup["command"]).splitlines()
+                    if line.startswith(("|", "- "))]
+            body += (f"\n\n### Supplementary run: {label}\n\nCommand: `{sup['command']}` (its own run: compare "
+                     "its figures with each other, and with the run above only as before/after).\n\n" + "\n".join(rows))
+        _report(saved["results"], saved["command"], a.write, body)
         return
     a.engines = [e for e in a.engines.split(",") if e]
     bad = [e for e in a.engines if e not in ("auto", "local", "ray")]
@@ -172,10 +184,10 @@ def main(argv=None) -> None:
     _report(results, command, a.write)
 
 
-def _report(results: dict, command: str, write: bool) -> None:
+def _report(results: dict, command: str, write: bool, body: str | None = None) -> None:
     sizes = ",".join(bench_scale.label(int(n)) for n in results)
-    report(f"build-memory-{sizes}", f"{TITLE}, {sizes.replace(',', ' and ')} documents", render(results, command),
-           write)
+    report(f"build-memory-{sizes}", f"{TITLE}, {sizes.replace(',', ' and ')} documents",
+           body if body is not None else render(results, command), write)
 
 
 if __name__ == "__main__":
