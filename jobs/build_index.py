@@ -66,8 +66,9 @@ class BuildError(RuntimeError):
 ENGINES = ("auto", "ray", "local")
 
 #: Auto shard count: one shard per this many bytes of corpus text (JSONL bytes, or Parquet's
-#: uncompressed bytes). Build memory follows shard size: a Ray shard worker holds ~11 bytes
-#: per corpus byte (``--shard-mib`` sets a smaller size). At query time each extra shard
+#: uncompressed bytes). Build memory follows shard size: a Ray shard worker (or the local
+#: engine's process) peaks at ~5.5 bytes per corpus byte, ~1.1-1.2 GiB for the 200 MiB shards of
+#: 1M synthetic documents (bench/bench_build_memory.py; ``--shard-mib`` sets a smaller size). At query time each extra shard
 #: costs a few µs per query, noise once a shard holds 256 MiB; below the target one shard
 #: answers fastest. Figures: bench/RESULTS.md, "Notes: figures moved from code comments".
 SHARD_TARGET_BYTES = 256 << 20
@@ -896,7 +897,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "small corpus, which answers queries fastest)")
     p.add_argument("--shard-mib", type=int, default=None,
                    help="auto shard count from this shard size instead of 256 MiB of corpus: a shard's size "
-                        "bounds a Ray shard task's memory (~11 bytes per corpus byte at 80 MiB, measured on "
+                        "bounds a Ray shard task's memory (~5.5 bytes per corpus byte at 200 MiB, measured on "
                         "synthetic text), at a few µs per shard per query (default: none, 256 MiB)")
     p.add_argument("--engine", default="auto", choices=ENGINES,
                    help="where the stages run: ray (Ray Data; a local Ray unless RAY_ADDRESS is set), local "
