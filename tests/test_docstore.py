@@ -234,3 +234,22 @@ def test_a_damaged_ids_file_names_the_file(built, tmp_path, rows, says):
             w.write_table(t)
     with pytest.raises(IndexFormatError, match=r"ids\.arrow cannot be read .*" + says if rows else "ids.arrow cannot be read"):
         DocStore(bad, 1)
+
+
+@pytest.mark.parametrize("slice_rows", [1, STORE_BLOCK, 40, 10_000])
+def test_the_store_written_a_slice_at_a_time_is_the_same_bytes(built, tmp_path, slice_rows):
+    """The build writes a shard's store from its Arrow table ``slice_rows`` documents at a time
+    (rounded up to whole blocks), so that no Python string per document of the shard is held:
+    the store and its block index are byte for byte what the whole table at once writes, and
+    what the build published."""
+    from funnel.pipelines.docstore import store_paths, write_store_table
+    vdir, _ = built
+    table = pq.read_table(os.path.join(vdir, "docs", "shard-0000.parquet"))
+    for name, rows in (("whole", None), ("sliced", slice_rows)):
+        os.makedirs(tmp_path / name)
+        write_store_table(str(tmp_path / name), "shard-0000", table, slice_rows=rows)
+    for whole, sliced, published in zip(store_paths(str(tmp_path / "whole"), "shard-0000"),
+                                        store_paths(str(tmp_path / "sliced"), "shard-0000"),
+                                        store_paths(os.path.join(vdir, "docs"), "shard-0000")):
+        with open(whole, "rb") as a, open(sliced, "rb") as b, open(published, "rb") as c:
+            assert a.read() == b.read() == c.read(), os.path.basename(whole)
