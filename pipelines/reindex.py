@@ -267,6 +267,8 @@ def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.
     cf = np.bincount(tid, weights=tf, minlength=len(terms)).astype(np.int64)
     out_indptr = np.zeros(len(terms) + 1, dtype=np.int64)
     np.cumsum(df, out=out_indptr[1:])
+    if len(tf) and int(tf.max()) <= np.iinfo(np.uint16).max:
+        tf = tf.astype(np.uint16)  # as PostingsBuilder.finish holds them (and tfs.npy stores them)
     return ShardPostings([str(t) for t in terms], df, cf, out_indptr, did, tf, doclen)
 
 
