@@ -191,9 +191,8 @@ class PostingsBuilder:
         # two arrays are placed one after the other: at most ~14 bytes a posting are held
         # (term ids 4, documents 4 in and 4 out, tfs 2), not 20.
         from funnel.serving import kernels
-        if len(tf_arr) and int(tf_arr.max()) <= np.iinfo(np.uint16).max:
-            tf_arr = tf_arr.astype(np.uint16)
-            self.tfs = array("i")  # the int32 tfs are gone: free their buffer
+        tf_arr = narrow_tfs(tf_arr)
+        self.tfs = array("i")  # narrowed, the int32 tfs are gone (else the view keeps them)
         if kernels.HAVE_NUMBA and len(tid_arr):
             did_arr = kernels.place_values(tid_arr, did_arr, indptr)
             self.dids = array("i")

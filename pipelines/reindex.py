@@ -41,7 +41,7 @@ from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
 from .docstore import store_paths, write_store_table
 from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
-from .postings import POSTING_FILES, ShardPostings, add_document, write_shard
+from .postings import POSTING_FILES, ShardPostings, add_document, narrow_tfs, write_shard
 from .shard import corpus_fingerprint_part, shard_name
 
 ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
@@ -267,9 +267,8 @@ def merge_postings(old_terms: np.ndarray, old: dict[str, np.ndarray], reuse: np.
     cf = np.bincount(tid, weights=tf, minlength=len(terms)).astype(np.int64)
     out_indptr = np.zeros(len(terms) + 1, dtype=np.int64)
     np.cumsum(df, out=out_indptr[1:])
-    if len(tf) and int(tf.max()) <= np.iinfo(np.uint16).max:
-        tf = tf.astype(np.uint16)  # as PostingsBuilder.finish holds them (and tfs.npy stores them)
-    return ShardPostings([str(t) for t in terms], df, cf, out_indptr, did, tf, doclen)
+    # tfs held as PostingsBuilder.finish holds them (and tfs.npy stores them)
+    return ShardPostings([str(t) for t in terms], df, cf, out_indptr, did, narrow_tfs(tf), doclen)
 
 
 def write_docs_table(out_dir: str, shard: int, rows: pa.Table) -> None:

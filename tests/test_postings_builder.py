@@ -65,7 +65,7 @@ def test_add_text_equals_adding_the_analyzed_tokens(monkeypatch, stream_tokens):
 
 
 def test_the_counting_sort_equals_lexsort(monkeypatch):
-    """``finish`` places postings with ``kernels.place_postings`` where numba is present, and
+    """``finish`` places postings with ``kernels.place_values`` where numba is present, and
     with NumPy's lexsort otherwise: the same arrays."""
     texts = _texts(seed=9)
     got = _reference(texts, Analyzer())

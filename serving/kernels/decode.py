@@ -10,7 +10,7 @@ does keep one (`posting_impacts`, the same float64 values): the exhaustive paths
 one number per posting instead of a tf, a length code and a grid cell. A larger index has
 the build's impacts for the default (k1, b) quantized to 16-bit levels (`posting_levels`,
 ``impacts.npy``, ``layout.IMPACT_*``), which ``exhaustive._search_approx`` reads. The build
-also places its postings (`place_postings`) and bounds each term (`term_bounds`) here.
+also places its postings (`place_values`) and bounds each term (`term_bounds`) here.
 """
 
 from __future__ import annotations
@@ -148,25 +148,10 @@ def posting_levels(docs, tfs, code, table, itab):
 
 
 @jit
-def place_postings(tids, docs, tfs, indptr):
-    """(docs, tfs) with each posting moved to its term's next free slot (``indptr[t]``
-    on), in input order: the build's counting sort (``PostingsBuilder.finish``)."""
-    nxt = indptr[:-1].copy()
-    out_d = np.empty(docs.shape[0], dtype=docs.dtype)
-    out_t = np.empty(tfs.shape[0], dtype=tfs.dtype)
-    for i in range(tids.shape[0]):
-        t = tids[i]
-        j = nxt[t]
-        out_d[j] = docs[i]
-        out_t[j] = tfs[i]
-        nxt[t] = j + 1
-    return out_d, out_t
-
-
-@jit
 def place_values(tids, values, indptr):
     """``values`` with each moved to its term's next free slot (``indptr[t]`` on), in input
-    order: `place_postings` for one array, so the build's sort holds one output at a time."""
+    order: the build's counting sort (``PostingsBuilder.finish``), one array at a time so it
+    holds one output at a time."""
     nxt = indptr[:-1].copy()
     out = np.empty(values.shape[0], dtype=values.dtype)
     for i in range(tids.shape[0]):
