@@ -147,10 +147,6 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
         if end == limit < len(text) and not text[limit].isspace():
             head = text[:end].rsplit(None, 1)  # the last word was cut at the limit: drop it
             end = len(head[0]) if len(head) == 2 else 0
-        if end == 0:
-            first = _WORD_RUN.search(text)  # the whole first word (the limit may have cut it)
-            return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
-        prefix = text[:end]
         lo = None  # the words that fit: counted only where a sentence end is weighed
     else:
         ends = [m.end() for m in _WORD_RUN.finditer(text)]
@@ -161,10 +157,11 @@ def truncate_to_budget(text: str, budget: int, count_tokens: Callable[[str], int
                 lo = mid
             else:
                 hi = mid - 1
-        if lo == 0:
-            first = _WORD_RUN.search(text)
-            return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
-        prefix = text[:ends[lo - 1]]
+        end = ends[lo - 1] if lo else 0
+    if end == 0:
+        first = _WORD_RUN.search(text)  # the whole first word (the scan may have cut it)
+        return _longest_prefix(text[:first.end()] if first else "", budget, count_tokens)
+    prefix = text[:end]
     sentence_ends = [m.end() for m in _SENTENCE_END.finditer(prefix + " ")]
     if sentence_ends:
         cut = sentence_ends[-1]

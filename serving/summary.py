@@ -37,7 +37,6 @@ import json
 from bisect import bisect_left
 from typing import Callable, Sequence
 
-
 from funnel.pipelines.passages import line_span
 
 from .citations import last_visible
@@ -289,7 +288,7 @@ def evidence_summary(query: str, mode: str, hits: Sequence[Hit], texts: dict[int
             # The last excerpt: cut to what is left, if that still says something.
             room = left
             for _ in range(6):
-                text = truncate_to_budget(d.text[x:y], room, count, min_sentence_fraction=0.0)
+                text = truncate_to_budget(said, room, count, min_sentence_fraction=0.0)
                 if count(text) < MIN_EXCERPT_TOKENS:
                     break
                 trial = _merge(old + [(x, x + len(text))])
