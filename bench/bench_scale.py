@@ -251,14 +251,16 @@ def _corpus_texts(corpus: str):
 
 
 def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: str, min_avail: int,
-                 shard_mib: int | None = None) -> dict:
+                 shard_mib: int | None = None, postings: str = "plain") -> dict:
     """``funnel build`` as a user runs it (the CLI, a fresh process), measured; plus its manifest's facts."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", out,
            "--engine", engine, "--progress-seconds", "20"] + (["--shards", str(shards)] if shards else []) \
-        + (["--shard-mib", str(shard_mib)] if shard_mib else [])
+        + (["--shard-mib", str(shard_mib)] if shard_mib else []) \
+        + (["--postings", postings] if postings != "plain" else [])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    m, vdir, man = measure_build(cmd, os.path.join(work, "funnel-build.log"), min_avail, env, out)
+    log_name = "funnel-build.log" if postings == "plain" else f"funnel-{postings}-build.log"
+    m, vdir, man = measure_build(cmd, os.path.join(work, log_name), min_avail, env, out)
     if vdir is None:
         return m
     return {**m, "build": man["build"], "stages": man["build"]["stages"], "n_docs": man["corpus"]["n_docs"],

@@ -72,7 +72,11 @@ import synth_topical  # noqa: E402
 from results import DEFAULT_DATA, report  # noqa: E402
 
 KS = (10, 100)
-SYSTEMS = ("funnel", "bm25s", "pisa")
+SYSTEMS = ("funnel", "funnel-packed", "bm25s", "pisa")
+# funnel's two postings formats (``funnel build --postings``): plain, the default, and packed
+# (bit-packed blocks decoded into a bounded cache, ``serving/packed.py``), each its own index
+# and system in the same run. The ratios are plain funnel's; packed's own are a column beside.
+FUNNELS = ("funnel", "funnel-packed")
 CORPORA = ("zipf", "topical")
 REAL = ("scifact", "nfcorpus")
 
@@ -110,8 +114,9 @@ def ensure_index(system: str, corpus: str, work: str, a) -> dict:
         pass
     print(f"  building {system} index of {corpus} ...", file=sys.stderr)
     min_avail = int(a.min_avail_gib * bench_scale.GIB)
-    if system == "funnel":
-        m = bench_scale.funnel_build(corpus, out, a.engine, a.shards, work, min_avail)
+    if system in FUNNELS:
+        m = bench_scale.funnel_build(corpus, out, a.engine, a.shards, work, min_avail,
+                                     postings="packed" if system == "funnel-packed" else "plain")
     else:
         m = bench_scale.run_child(f"{system}-build", {"corpus": corpus, "out": out, "threads": os.cpu_count()},
                                   work, min_avail)
@@ -288,7 +293,7 @@ class Pisa:
         return [[d for _, d in sorted(row)] for row in out]
 
 
-OPENERS = {"funnel": Funnel, "bm25s": BM25S, "pisa": Pisa}
+OPENERS = {"funnel": Funnel, "funnel-packed": Funnel, "bm25s": BM25S, "pisa": Pisa}
 
 
 def _pct(xs: list[float]) -> dict:
@@ -460,13 +465,14 @@ def index_bytes(system: str, path: str) -> dict:
     import glob
 
     import numpy as np
-    if system == "funnel":
+    if system in FUNNELS:
         with open(os.path.join(path, "CURRENT")) as f:
             lex = os.path.join(path, f.read().strip(), "lexical")
         shards = sorted(glob.glob(os.path.join(lex, "shard-*")))
-        n = sum(len(np.load(os.path.join(d, "docs.npy"), mmap_mode="r")) for d in shards)
+        n = sum(int(np.load(os.path.join(d, "indptr.npy"), mmap_mode="r")[-1]) for d in shards)
         files = {d: os.listdir(d) for d in shards}
-        postings = sum(_size(*(os.path.join(d, x) for x in ("docs.npy", "tfs.npy", "impacts.npy"))) for d in shards)
+        postings = sum(_size(*(os.path.join(d, x) for x in fs if x in ("docs.npy", "tfs.npy", "impacts.npy")
+                               or x.startswith("packed"))) for d, fs in files.items())
         bounds = ("block_", "term_max", "term_kth", "term_min")
         skip = sum(_size(*(os.path.join(d, x) for x in fs if x.startswith(bounds))) for d, fs in files.items())
         every = sum(_size(*(os.path.join(d, x) for x in fs)) for d, fs in files.items()) + _size(
@@ -544,9 +550,10 @@ def render(res: dict, command: str) -> str:
           "brackets). Ratios are funnel ÷ baseline of the best rounds; CPU ratio = the same from each "
           "round's process CPU time, which waiting for a core on the shared machine does not inflate. Rows "
           "from the weakest workload for funnel (its smallest ratio) to the strongest.", "",
-          "| corpus | workload | queries | terms / query | postings / query | k | funnel q/s | bm25s-numba q/s "
-          "| PISA q/s | funnel ÷ bm25s | funnel ÷ PISA | CPU ratio ÷ bm25s / ÷ PISA |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+          "| corpus | workload | queries | terms / query | postings / query | k | funnel q/s | funnel packed q/s "
+          "| bm25s-numba q/s | PISA q/s | funnel ÷ bm25s | funnel ÷ PISA | CPU ratio ÷ bm25s / ÷ PISA "
+          "| packed ÷ bm25s / ÷ PISA |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for _, c, w, n, q in rows:
         shape = res["corpora"][c]["tp"]["shape"].get(w, (float("nan"), float("nan")))
         for k in KS:
@@ -554,11 +561,14 @@ def render(res: dict, command: str) -> str:
             for s in SYSTEMS:
                 cells.append(f"{q(s, k):,.0f} ({q(s, k, 'median'):,.0f})")
             cr = " / ".join(f"{q('funnel', k, key='cpu') / q(o, k, key='cpu'):.2f}" for o in ("bm25s", "pisa"))
+            pr = " / ".join(f"{q('funnel-packed', k) / q(o, k):.2f}" for o in ("bm25s", "pisa"))
             L.append(f"| {c} | {w} | {n:,} | {shape[0]:.1f} | {shape[1]:,.0f} | {k} | " + " | ".join(cells)
-                     + f" | **{q('funnel', k) / q('bm25s', k):.2f}** | **{q('funnel', k) / q('pisa', k):.2f}** | {cr} |")
+                     + f" | **{q('funnel', k) / q('bm25s', k):.2f}** | **{q('funnel', k) / q('pisa', k):.2f}** | {cr} "
+                     f"| {pr} |")
     L += ["", "Latency, one query per call after the rounds (first "
           f"{res['latency_queries']} queries of each workload): p50 / p99 ms, wall (thread CPU).", "",
-          "| corpus | workload | k | funnel | bm25s-numba (+tokenize) | PISA |", "|---|---|---:|---|---|---|"]
+          "| corpus | workload | k | funnel | funnel packed | bm25s-numba (+tokenize) | PISA |",
+          "|---|---|---:|---|---|---|---|"]
     for _, c, w, n, q in rows:
         lat = res["corpora"][c]["tp"]["latency"]
         for k in KS:
@@ -601,11 +611,12 @@ def render(res: dict, command: str) -> str:
                          f"{b['all'] / bench_scale.MIB:,.0f} | {rss} | {vs} |")
     L += ["", "Agreement: mean share of funnel's top 10 that each baseline also returns (the same BM25 on the "
           "same terms; bm25s scores in float32, PISA with its own length quantisation, so ties and near-ties "
-          "can differ).", "", "| corpus | workload | bm25s | PISA |", "|---|---|---:|---:|"]
+          "can differ; funnel packed is the same index packed: 1.000 where it answers as the plain one).", "",
+          "| corpus | workload | funnel packed | bm25s | PISA |", "|---|---|---:|---:|---:|"]
     for _, c, w, n, q in rows:
         ov = res["corpora"][c]["tp"]["overlap"]
-        L.append(f"| {c} | {w} | " + " | ".join(f"{ov[s][w]:.3f}" if s in ov else "–" for s in ("bm25s", "pisa"))
-                 + " |")
+        L.append(f"| {c} | {w} | " + " | ".join(f"{ov[s][w]:.3f}" if s in ov else "–"
+                                               for s in ("funnel-packed", "bm25s", "pisa")) + " |")
     L += ["", "Builds (reused while the corpus is unchanged; wall / CPU s, load average, index MiB):", ""]
     for c, r in res["corpora"].items():
         L.append(f"- {c} {r['n_docs']:,} docs: " + "; ".join(

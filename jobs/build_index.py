@@ -110,6 +110,9 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
+POSTINGS_FORMATS = ("plain", "packed")
+
+
 def choose_shards(requested: int | None, nbytes: int, target: int = SHARD_TARGET_BYTES) -> tuple[int, str]:
     """(shard count, why): ``requested`` when given, else one shard per ``target`` bytes of corpus."""
     if requested is not None:
@@ -597,7 +600,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           shard_mib: int | None = None, limits: dict | None = None, fields=None,
           acl_absent: str = "public", passages=None, bm25_passages: bool = False,
           dense_memory_budget: int | str | None = None, include=(), exclude=(),
-          follow_links: bool = False, embed_runtime: str = "auto") -> BuildReport:
+          follow_links: bool = False, embed_runtime: str = "auto", postings: str = "plain") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
     ``passages`` (`funnel.pipelines.passages.PassageSettings`; default on) splits every
@@ -636,6 +639,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     ``progress_seconds`` (0: never) the long stages log one line to ``funnel.build`` at
     INFO: stage, documents done, rate, ETA.
     """
+    if postings not in POSTINGS_FORMATS:
+        raise ValueError(f"postings={postings!r}: choose one of {', '.join(POSTINGS_FORMATS)}")
     from funnel.pipelines import remote
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
@@ -758,7 +763,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
         write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
         for s in range(shards):
-            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
+            finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl,
+                           packed=postings == "packed")
         del global_terms, df, cf
         write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
         from funnel.pipelines.fields import write_columns  # filterable fields as columns per shard
@@ -903,6 +909,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the stages run: ray (Ray Data; a local Ray unless RAY_ADDRESS is set), local "
                         "(this process, no Ray), or auto: local for a small corpus when RAY_ADDRESS is unset "
                         "(default: auto)")
+    p.add_argument("--postings", default="plain", choices=POSTINGS_FORMATS,
+                   help="how the BM25 postings are stored: plain (4-byte document ids, 2-byte tfs and 2-byte "
+                        "impact levels: the fastest queries) or packed (gaps and tfs bit-packed per block of 128, "
+                        "about 1-2 bytes a posting; serving decodes the terms queries read into a bounded cache, "
+                        "FUNNEL_POSTINGS_CACHE_MB: a fraction of the memory, slower queries; "
+                        "docs/index-format.md) (default: plain)")
     p.add_argument("--strict", action="store_true", help="publish nothing if any row is rejected")
     p.add_argument("--shared-disk", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the Ray workers can write this machine's staging folder (a disk they share); "
@@ -1078,6 +1090,7 @@ def run_from_args(a: argparse.Namespace) -> BuildReport:
                 dense_memory_budget=getattr(a, "dense_memory_budget", None),
                 include=getattr(a, "include", None) or (), exclude=getattr(a, "exclude", None) or (),
                 follow_links=bool(getattr(a, "follow_links", False)),
+                postings=getattr(a, "postings", "plain"),
                 enrich_cache=None if getattr(a, "enrich_cache", "default") == "none"
                 else getattr(a, "enrich_cache", "default"))
     print(describe_report(rep))

@@ -488,7 +488,7 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
     from funnel.pipelines.corpus import CorpusSpec, plan_chunks
     from funnel.pipelines.docorder import write_doc_ids
-    from funnel.pipelines.postings import finalize_shard
+    from funnel.pipelines.postings import finalize_shard, is_packed
     from funnel.pipelines.reindex import reindex_shard, spill_chunk
     from funnel.pipelines.shard import combine_fingerprints, shard_name
     from funnel.pipelines.stats import load_vocabulary, reduce_term_stats, write_vocabulary
@@ -604,8 +604,10 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
             global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
             write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
-            for s in range(n_shards):
-                finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl)
+            packed = any(is_packed(os.path.join(vdir, "lexical", shard_name(s))) for s in range(n_shards))
+            for s in range(n_shards):  # in the live version's postings format (plain or packed)
+                finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl,
+                               packed=packed)
             del global_terms, df, cf
             write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
         timings["copy_live" if only_fields else "df_reduce"] = round(time.time() - t, 2)

@@ -50,9 +50,22 @@ log = logging.getLogger(__name__)
 #: (issue 50); 1: float32 impacts, int32 tfs. Funnel before 2 refuses a version-2 index with
 #: a message to rebuild (or upgrade), instead of reading the narrower arrays as damage.
 FORMAT_VERSION = 2
+#: The format of a version whose BM25 postings are packed (``funnel build --postings packed``,
+#: ``serving/packed.py``): a funnel that reads only 1 and 2 refuses it with a message to
+#: rebuild (or upgrade) instead of finding its ``docs.npy`` missing.
+PACKED_FORMAT_VERSION = 3
 #: The formats this funnel reads: version 1 indexes open and are scored exactly from their
 #: tfs until rebuilt (docs/index-format.md, "Older indexes").
-READ_FORMAT_VERSIONS = (1, 2)
+READ_FORMAT_VERSIONS = (1, 2, 3)
+
+
+def format_version_of(folder: str) -> int:
+    """The format a version folder is published as: ``PACKED_FORMAT_VERSION`` where any
+    shard's postings are packed, else ``FORMAT_VERSION``."""
+    lex = os.path.join(folder, "lexical")
+    names = os.listdir(lex) if os.path.isdir(lex) else []
+    packed = any(os.path.exists(os.path.join(lex, n, "packed.json")) for n in names if n.startswith("shard-"))
+    return PACKED_FORMAT_VERSION if packed else FORMAT_VERSION
 MANIFEST = "manifest.json"
 MANIFEST_SUM = "manifest.json.sha256"   # the manifest's own checksum, next to it
 CURRENT = "CURRENT"
@@ -352,7 +365,7 @@ def publish(root: str, staging: str, manifest: dict, keep: int | None = None) ->
     if not os.path.isdir(staging):
         raise FileNotFoundError(f"staging folder {staging!r} does not exist (removed by gc or a failed build?)")
     manifest = dict(manifest)
-    manifest["format_version"] = FORMAT_VERSION
+    manifest["format_version"] = format_version_of(staging)
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     stamps: dict[str, list] = {}  # what was hashed here: the first open on this host need not hash it again
     manifest["files"] = file_table(staging, stamps)

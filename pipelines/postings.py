@@ -240,11 +240,13 @@ def write_shard(shard_dir: str, p: ShardPostings) -> None:
     pq.write_table(table, os.path.join(shard_dir, "terms.parquet"))
 
 
-def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None = None) -> None:
+def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None = None,
+                   packed: bool = False) -> None:
     """Write ``term_gid.npy`` (each local term's position in the sorted global vocabulary),
     the per-term bounds, and, given the collection's ``avgdl`` (and numba), the block
     maxima and the per-posting impacts for the default BM25 parameters
-    (`write_block_maxima`, `write_impacts`)."""
+    (`write_block_maxima`, `write_impacts`). ``packed``: the postings then replace
+    ``docs.npy``, ``tfs.npy`` and the impacts with their packed form (`pack_shard`)."""
     local = pq.read_table(os.path.join(shard_dir, "terms.parquet"), columns=["term"])
     local_terms = np.asarray(local.column("term").to_pylist(), dtype=object)
     gid = np.searchsorted(global_terms, local_terms).astype(np.int32)
@@ -257,7 +259,36 @@ def finalize_shard(shard_dir: str, global_terms: np.ndarray, avgdl: float | None
     save_npy_atomic(os.path.join(shard_dir, "term_min_dl.npy"), min_dl)
     if avgdl is not None:
         write_block_maxima(shard_dir, a, avgdl)
-        write_impacts(shard_dir, a, avgdl)
+        if not packed:
+            write_impacts(shard_dir, a, avgdl)
+    if packed:
+        pack_shard(shard_dir, a)
+
+
+def pack_shard(shard_dir: str, a: dict[str, np.ndarray]) -> None:
+    """Replace the shard's ``docs.npy`` and ``tfs.npy`` (and any ``impacts.npy``) with their
+    packed form (``PACKED_FILES``, ``packed.json``; ``serving/kernels/packed.py``): document
+    gaps and tfs bit-packed per block of 128 postings, about 1-2 bytes a posting instead of
+    6-8. Serving decodes the terms a query reads into a bounded cache (``serving/packed.py``);
+    the stored impacts are not kept (serving scores a packed shard from its tfs, exactly)."""
+    from funnel.serving.kernels.packed import PACK_BLOCK, pack_postings
+    from funnel.serving.packed import PACKED_FILES, PACKED_FORMAT, PACKED_KEY
+    tfs = narrow_tfs(np.asarray(a["tfs"]))
+    arrays = pack_postings(np.asarray(a["indptr"], dtype=np.int64), np.asarray(a["docs"]), tfs)
+    for name, arr in zip(PACKED_FILES, arrays, strict=True):
+        save_npy_atomic(os.path.join(shard_dir, name), arr)
+    write_json_atomic(os.path.join(shard_dir, PACKED_KEY),
+                      {"format": PACKED_FORMAT, "block": PACK_BLOCK, "tfs_dtype": str(tfs.dtype),
+                       "postings": int(len(tfs))})
+    for name in ("docs.npy", "tfs.npy", IMPACT_FILE, IMPACT_KEY_FILE):
+        path = os.path.join(shard_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def is_packed(shard_dir: str) -> bool:
+    """Whether the shard's postings are packed (`pack_shard`)."""
+    return os.path.exists(os.path.join(shard_dir, "packed.json"))
 
 
 def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
@@ -341,11 +372,20 @@ def term_bounds(indptr: np.ndarray, docs: np.ndarray, tfs: np.ndarray,
     return max_tf, min_dl
 
 
-def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True) -> dict[str, np.ndarray]:
-    """The shard's arrays by name (``indptr``, ``docs``, ...); the bound arrays where present."""
+def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True,
+               decode: bool = True) -> dict[str, np.ndarray]:
+    """The shard's arrays by name (``indptr``, ``docs``, ...); the bound arrays where present.
+    A packed shard's ``docs`` and ``tfs`` are decoded into memory (``decode``; without it
+    they are left out: serving decodes them term by term, ``serving/packed.py``)."""
     mode = "r" if mmap else None
-    names = POSTING_FILES + ("term_gid.npy",)
+    packed = is_packed(shard_dir)
+    names = tuple(n for n in POSTING_FILES if not packed or n not in ("docs.npy", "tfs.npy")) + ("term_gid.npy",)
     if with_bounds:
         names += tuple(n for n in BOUND_FILES if os.path.exists(os.path.join(shard_dir, n)))
-    return {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
+    out = {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
+    if packed and decode:
+        from funnel.serving.packed import PackedShard
+        p = PackedShard(shard_dir, np.asarray(out["indptr"]), len(out["doclen"]), shard_dir)
+        out["docs"], out["tfs"] = p.all()
+    return out
 

@@ -45,8 +45,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
 
-from .artifacts import (BUILD_LOCK, CURRENT, FORMAT_VERSION, LOCK, MANIFEST, MANIFEST_SUM, UNLOCKED_GRACE_S,
-                        GcReport, IndexFormatError, _fsync_tree, file_table, is_version_name, load_manifest,
+from .artifacts import (BUILD_LOCK, CURRENT, LOCK, MANIFEST, MANIFEST_SUM, UNLOCKED_GRACE_S, GcReport,
+                        IndexFormatError, _fsync_tree, file_table, format_version_of, is_version_name, load_manifest,
                         parse_current, release_staging, verify_files, verify_version, write_manifest)
 
 log = logging.getLogger(__name__)
@@ -588,7 +588,7 @@ def publish(uri: str, staging: str, manifest: dict, keep: int | None = None, lea
         raise FileNotFoundError(f"staging folder {staging!r} does not exist (removed by gc or a failed build?)")
     rr = resolve(uri)
     manifest = dict(manifest)
-    manifest["format_version"] = FORMAT_VERSION
+    manifest["format_version"] = format_version_of(staging)
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     manifest["files"] = file_table(staging)
     t = time.time()

@@ -154,11 +154,16 @@ class ShardScorer:
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], avgdl: float, stored_blocks: tuple | None = None,
-                 stored_impacts: tuple | None = None, rel: str = "lexical/shard-0000"):
+                 stored_impacts: tuple | None = None, rel: str = "lexical/shard-0000", packed=None):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
         self.indptr = np.asarray(arrays["indptr"])
-        self.docs = np.asarray(arrays["docs"])
-        self.tfs = np.asarray(arrays["tfs"])
+        # A packed shard (serving.packed.PackedShard): ``docs`` and ``tfs`` are its decode
+        # targets, which hold a term's postings only while the postings cache has it decoded;
+        # the kernels read them (BM25Retriever pins their terms first), everything else here
+        # decodes a term for itself (`postings`, `all_postings`).
+        self.packed = packed
+        self.docs = packed.docs if packed is not None else np.asarray(arrays["docs"])
+        self.tfs = packed.tfs if packed is not None else np.asarray(arrays["tfs"])
         self.doclen = np.asarray(arrays["doclen"])
         self.term_gid = np.asarray(arrays["term_gid"])
         self.n_docs = len(self.doclen)
@@ -216,7 +221,7 @@ class ShardScorer:
         if self._max_tf is None or self._min_dl is None:
             from funnel.pipelines.postings import term_bounds
             try:
-                self._max_tf, self._min_dl = term_bounds(self.indptr, self.docs, self.tfs, self.doclen)
+                self._max_tf, self._min_dl = term_bounds(self.indptr, *self.all_postings(), self.doclen)
             except (IndexError, ValueError) as e:  # the postings do not index the lengths
                 raise self.fault("docs.npy", f"does not index the shard's documents ({e})") from None
         return np.asarray(self._max_tf), np.asarray(self._min_dl)
@@ -253,12 +258,31 @@ class ShardScorer:
             raise self.fault("indptr.npy", f"gives term {li} the postings {s} to {e}, outside [0, {len(self.docs)}]")
         return s, e
 
+    def all_postings(self) -> tuple[np.ndarray, np.ndarray]:
+        """(document ids, tfs) of every posting, in term order: the maps, or a packed
+        shard's postings decoded into new arrays (checked as they are decoded)."""
+        if self.packed is not None:
+            return self.packed.all()
+        return self.docs, self.tfs
+
+    def term_docs(self, li: int, take: int | None = None) -> np.ndarray:
+        """The first ``take`` (all: None) document ids of local term ``li`` (unchecked ids for a
+        plain shard: a view of the map; a packed one's are checked as they are decoded)."""
+        s, e = self._range(li)
+        if self.packed is not None:
+            d = self.packed.term(li)[0]
+            return d if take is None else d[:take]
+        return self.docs[s:e if take is None else min(e, s + take)]
+
     def postings(self, li: int) -> tuple[np.ndarray, np.ndarray]:
         """(document ids, tfs) of local term ``li``, checked: its range inside the postings,
         ids within the shard, tfs at least 1 (else ``ShardFault``). Views of the maps: NumPy
         checks its own indexing, so a write between this check and the use can make a wrong
-        score or an IndexError, never a read outside an array."""
+        score or an IndexError, never a read outside an array. A packed shard's: decoded into
+        new arrays."""
         s, e = self._range(li)
+        if self.packed is not None:
+            return self.packed.term(li)
         d = self.docs[s:e]
         tf = self.tfs[s:e]
         if len(d) and (int(d.min()) < 0 or int(d.max()) >= self.n_docs):
@@ -339,10 +363,10 @@ class ShardScorer:
             s, e = self._range(li)
             if e <= s:
                 continue
-            d = self.docs[s:e]
+            d, tfs = self.packed.term(li) if self.packed is not None else (self.docs[s:e], self.tfs[s:e])
             # the ids in the postings' dtype: mixed dtypes would convert the whole list
             j = np.minimum(np.searchsorted(d, local_ids.astype(d.dtype)), e - s - 1)
             found = d[j] == local_ids
-            out[i] = np.where(found, self.tfs[s:e][j], 0)
+            out[i] = np.where(found, tfs[j], 0)
         return out
 

@@ -210,7 +210,7 @@ class Mask:
                 local = shard.local_terms(want)
                 for j, li in zip(todo, local.tolist()):
                     if li >= 0:
-                        d = shard.docs[shard.indptr[li]:shard.indptr[li + 1]]
+                        d = shard.term_docs(li)
                         out[j] += int(np.count_nonzero(self.allow[lo + d.astype(np.int64)]))
             with self._lock:
                 for j in todo:
@@ -228,10 +228,14 @@ class Mask:
         for s, shard in enumerate(index.shards):
             li = int(shard.local_terms(want)[0])
             if li >= 0:
-                a, b = shard.indptr[li], shard.indptr[li + 1]
-                ok = self.allow[int(self.doc_off[s]) + shard.docs[a:b].astype(np.int64)]
+                if shard.packed is not None:
+                    d, tfs = shard.packed.term(li)
+                else:
+                    a, b = shard.indptr[li], shard.indptr[li + 1]
+                    d, tfs = shard.docs[a:b], shard.tfs[a:b]
+                ok = self.allow[int(self.doc_off[s]) + d.astype(np.int64)]
                 df += int(np.count_nonzero(ok))
-                cf += int(np.asarray(shard.tfs[a:b])[ok].sum())
+                cf += int(np.asarray(tfs)[ok].sum())
         return df, cf
 
     def df_of(self, index, term: str) -> int:

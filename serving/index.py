@@ -30,6 +30,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
+from funnel.serving.packed import PackedShard, PostingsCache
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
@@ -500,14 +501,22 @@ class IndexVersion:
         for s in range(self.n_shards):  # each checked before a kernel may read it (serving.structure)
             rel = f"lexical/{shard_name(s)}"
             arrays, blocks, impacts = self._check_shard(s)
-            self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel))
+            packed = None
+            if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
+                packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
+                                     len(arrays["doclen"]), rel)
+                impacts = None  # a packed shard is scored from its tfs
+            self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
+        # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.
+        self.postings_cache = (PostingsCache(self.shards) if any(sh.packed is not None for sh in self.shards)
+                               else None)
 
     def _check_shard(self, s: int) -> tuple:
         """Shard ``s``'s arrays (``load_shard``, block maxima, impacts), mapped now, after the
         structure checks (``serving.structure.check_shard``; IndexFormatError)."""
         rel = f"lexical/{shard_name(s)}"
         d = os.path.join(self.dir, rel)
-        arrays, blocks, impacts = load_shard(d), load_block_maxima(d), load_impacts(d)
+        arrays, blocks, impacts = load_shard(d, decode=False), load_block_maxima(d), load_impacts(d)
         check_shard(self.dir, rel, arrays, self.docs.shard_size(s), self._n_terms, blocks, impacts)
         return arrays, blocks, impacts
 

@@ -25,6 +25,8 @@ serving it), and every later query on that version fails the same way, never a c
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -249,6 +251,21 @@ class BM25Retriever:
                     self._kernel_args[length_norm] = args
         return args
 
+    def _pinned(self, gids: np.ndarray):
+        """A context in which every term of ``gids`` is readable by the kernels: decoded and
+        kept where shards are packed (``serving.packed``), nothing to do otherwise."""
+        cache = getattr(self.index, "postings_cache", None)  # tests build retrievers over namespaces
+        return cache.pinned(gids) if cache is not None else contextlib.nullcontext()
+
+    def _cuts(self, qptr: np.ndarray, qgids: np.ndarray) -> list[tuple[int, int]]:
+        """The query ranges a batch is run in: all at once, or where shards are packed, parts
+        whose terms fit the postings cache (``PostingsCache.batch_cuts``)."""
+        cache = getattr(self.index, "postings_cache", None)
+        if cache is None:
+            return [(0, len(qptr) - 1)]
+        tf_bytes = max(np.dtype(s.tfs.dtype).itemsize for s in self.index.shards)
+        return cache.batch_cuts(qptr, qgids, np.asarray(self.index.df, dtype=np.int64) * (4 + tf_bytes))
+
     def _may_prune(self, postings: int) -> bool:
         """Whether a query with at most ``postings`` postings over all shards (the sum of its
         terms' df, repeats counted: no shard holds more) can reach the pruning threshold. If
@@ -275,8 +292,8 @@ class BM25Retriever:
                     den, itab = self._table(params)
                     want = block_maxima_key(self.index.avgdl)
                     blocks = [s.stored_blocks[1] if s.stored_blocks is not None and s.stored_blocks[0] == want
-                              else _in_shard(s, kernels.block_maxima, s.indptr, s.docs, s.tfs, s.norms, den, itab,
-                                             kernels.BLOCK)
+                              else _in_shard(s, kernels.block_maxima, s.indptr, *s.all_postings(), s.norms, den,
+                                             itab, kernels.BLOCK)
                               for s in self.index.shards]
                     self._block_args = kernels.block_table(blocks)
         return self._block_args[0]
@@ -287,8 +304,9 @@ class BM25Retriever:
         use, where the index has at most IMPACT_POSTINGS postings; else
         ``kernels.NO_IMPACTS``. The caller holds the tuple while the kernel runs (a later
         override may evict it from the cache meanwhile)."""
-        if sum(len(s.docs) for s in self.index.shards) > IMPACT_POSTINGS:
-            return kernels.NO_IMPACTS, []
+        if sum(len(s.docs) for s in self.index.shards) > IMPACT_POSTINGS or \
+                any(getattr(s, "packed", None) is not None for s in self.index.shards):
+            return kernels.NO_IMPACTS, []  # (packed postings: 8 bytes a posting is what they save)
         got = self._impact_args.get(params)
         if got is None:
             with self._lock:
@@ -415,13 +433,20 @@ class BM25Retriever:
                 acc, touched = self._buffers()
                 den, itab = self._table(params)
                 ex = self._plain_args(params)  # held while the kernel runs
-                if self._batch_may_prune(qptr, qgids):
-                    fault = kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc,
-                                                 touched, den, itab, self.index.idf, qptr, qgids, k,
-                                                 self.prune_min_postings, self.prune_stats, pos, score, cnt)
-                else:
-                    fault = kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
-                                                       itab, self.index.idf, qptr, qgids, k, pos, score, cnt)
+                for i0, i1 in self._cuts(qptr, qgids):
+                    qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
+                    with self._pinned(qg):
+                        if self._batch_may_prune(qp, qg):
+                            fault = kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off,
+                                                         id_rank, acc, touched, den, itab, self.index.idf, qp, qg, k,
+                                                         self.prune_min_postings, self.prune_stats, pos[i0:i1],
+                                                         score[i0:i1], cnt[i0:i1])
+                        else:
+                            fault = kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched,
+                                                               den, itab, self.index.idf, qp, qg, k, pos[i0:i1],
+                                                               score[i0:i1], cnt[i0:i1])
+                    if fault:
+                        break
             except ShardFault as e:
                 raise self.fault_error(e) from None
             if fault:
@@ -477,13 +502,22 @@ class BM25Retriever:
             acc, touched = self._buffers()
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
-            if self._batch_may_prune(qptr, qgids):
-                fault = kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
-                                                      acc, touched, den, itab, self.index.idf, qptr, qsplit, qgids,
-                                                      qraw, k, self.prune_min_postings, self.prune_stats, *out)
-            else:
-                fault = kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
-                                                            itab, self.index.idf, qptr, qsplit, qgids, qraw, k, *out)
+            for i0, i1 in self._cuts(qptr, qgids):
+                o = qptr[i0]
+                qp, qs, qg, qr = qptr[i0:i1 + 1] - o, qsplit[i0:i1] - o, qgids[o:qptr[i1]], qraw[o:qptr[i1]]
+                part = tuple(x[i0:i1] for x in out)
+                with self._pinned(qg):
+                    if self._batch_may_prune(qp, qg):
+                        fault = kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off,
+                                                              id_rank, acc, touched, den, itab, self.index.idf, qp, qs,
+                                                              qg, qr, k, self.prune_min_postings, self.prune_stats,
+                                                              *part)
+                    else:
+                        fault = kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc,
+                                                                    touched, den, itab, self.index.idf, qp, qs, qg, qr,
+                                                                    k, *part)
+                if fault:
+                    break
         except ShardFault as e:
             raise self.fault_error(e) from None
         if fault:
@@ -549,14 +583,15 @@ class BM25Retriever:
             acc, touched = self._buffers()
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
-            if not self._may_prune(int(np.asarray(self.index.df)[gids].sum())):
-                dn, sc, fault = kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
-                                                            itab, gids, ws, k)
-            else:
-                dn, sc, fault = kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
-                                                      acc, touched, den, itab, gids, ws, k,
-                                                      self.prune_min_postings if ws.min() > 0 else -1,
-                                                      self.prune_stats)
+            with self._pinned(gids):
+                if not self._may_prune(int(np.asarray(self.index.df)[gids].sum())):
+                    dn, sc, fault = kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched,
+                                                                den, itab, gids, ws, k)
+                else:
+                    dn, sc, fault = kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off,
+                                                          id_rank, acc, touched, den, itab, gids, ws, k,
+                                                          self.prune_min_postings if ws.min() > 0 else -1,
+                                                          self.prune_stats)
             if fault:
                 raise self.fault_error(fault)
             return dn, sc

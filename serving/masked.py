@@ -100,9 +100,10 @@ def search_masked(bm25, gids: np.ndarray, ws: np.ndarray, k: int, params, mask) 
     bmeta = bm25._blocks(params)  # block maxima: the default (k1, b) only, else none (no pruning)
     imeta, imps = bm25._impacts(params)  # held while the kernel runs
     u8, flat, cptr = _allowed_flat(mask)
-    dn, sc, fault = search_masked_shards(meta, bmeta, imeta, proto, doc_off, id_rank, acc, touched, den, itab, gids,
-                                         ws, k, u8, flat, cptr, bm25.prune_min_postings == 0, CANDIDATE_COST,
-                                         _STRATEGIES[STRATEGY], kernels.BLOCK, STATS)
+    with bm25._pinned(gids):
+        dn, sc, fault = search_masked_shards(meta, bmeta, imeta, proto, doc_off, id_rank, acc, touched, den, itab,
+                                             gids, ws, k, u8, flat, cptr, bm25.prune_min_postings == 0,
+                                             CANDIDATE_COST, _STRATEGIES[STRATEGY], kernels.BLOCK, STATS)
     if fault:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm25.fault_error(fault)
     return dn, sc

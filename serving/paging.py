@@ -88,7 +88,7 @@ def bm25_total(index, terms, mask, returned: int, budget: int = EXACT_TOTAL_POST
                 marks = seen.get(s)
                 if marks is None:
                     marks = seen[s] = np.zeros(shard.n_docs, dtype=bool)
-                marks[np.asarray(shard.docs[a:a + take])] = True
+                marks[np.asarray(shard.term_docs(li, take))] = True
                 spent += take
             if not exact:
                 break

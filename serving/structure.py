@@ -45,6 +45,7 @@ An IVF-PQ dense index (re-scored from its float vectors) gets `check_dense_vecto
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -151,18 +152,35 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
         return f"{shard_rel}/{name}.npy"
 
     a = {name: _vector(version_dir, rel(name), arr) for name, arr in arrays.items()}
-    indptr, docs, tfs, doclen, gid = a["indptr"], a["docs"], a["tfs"], a["doclen"], a["term_gid"]
+    indptr, doclen, gid = a["indptr"], a["doclen"], a["term_gid"]
     n_local = len(gid)
     if len(doclen) != n_docs:
         raise _fail(version_dir, rel("doclen"), f"has {len(doclen)} document lengths, but the shard's "
                                                 f"documents file holds {n_docs} documents")
     _in_range(version_dir, rel("doclen"), doclen, 0, None, "a document length")
-    _offsets(version_dir, rel("indptr"), indptr, n_local, len(docs), "shard's terms (term_gid.npy)")
-    if len(tfs) != len(docs):
-        raise _fail(version_dir, rel("tfs"), f"has {len(tfs)} entries, docs.npy has {len(docs)}: one tf per posting")
-    _in_range(version_dir, rel("docs"), docs, 0, n_docs, "document id")
-    _ascending_within(version_dir, rel("docs"), docs, indptr)
-    _in_range(version_dir, rel("tfs"), tfs, 1, None, "term frequency")
+    if "docs" in a:
+        docs, tfs = a["docs"], a["tfs"]
+        _offsets(version_dir, rel("indptr"), indptr, n_local, len(docs), "shard's terms (term_gid.npy)")
+        if len(tfs) != len(docs):
+            raise _fail(version_dir, rel("tfs"), f"has {len(tfs)} entries, docs.npy has {len(docs)}: one tf per "
+                                                 "posting")
+        _in_range(version_dir, rel("docs"), docs, 0, n_docs, "document id")
+        _ascending_within(version_dir, rel("docs"), docs, indptr)
+        _in_range(version_dir, rel("tfs"), tfs, 1, None, "term frequency")
+        n_postings = len(docs)
+    else:  # packed postings (serving/packed.py): the block table here, each block as it is decoded
+        from .packed import PACKED_KEY, check_packed
+        shard_dir = os.path.join(version_dir, shard_rel)
+        try:
+            with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
+                n_postings = int(json.load(f)["postings"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise _fail(version_dir, f"{shard_rel}/{PACKED_KEY}", f"cannot be read ({type(e).__name__}: {e})") from None
+        _offsets(version_dir, rel("indptr"), indptr, n_local, n_postings, "shard's terms (term_gid.npy)")
+        bad = check_packed(shard_dir, shard_rel, indptr, n_docs)
+        if bad is not None:
+            file, _, what = bad.partition(": ")
+            raise _fail(version_dir, file, what)
     _in_range(version_dir, rel("term_gid"), gid, 0, n_terms, "global term id")
     if n_local > 1 and int(np.diff(gid.astype(np.int64)).min()) <= 0:
         i = int(np.flatnonzero(np.diff(gid.astype(np.int64)) <= 0)[0])
@@ -177,7 +195,7 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
     if blocks is not None:
         _check_blocks(version_dir, shard_rel, blocks, indptr)
     if impacts is not None:
-        _check_impacts(version_dir, shard_rel, impacts, len(docs))
+        _check_impacts(version_dir, shard_rel, impacts, n_postings)
 
 
 def _check_impacts(version_dir: str, shard_rel: str, impacts: tuple[dict, np.ndarray], n_postings: int) -> None:

@@ -87,6 +87,9 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
         meta, proto, doc_off, id_rank, _ = bm._shard_args(params.length_norm)
         den, itab = bm._table(params)
         imp = bm._impacts(params)  # held while the kernel runs
+        cache = getattr(ix, "postings_cache", None)
+        if cache is not None:  # the kernel picks expansion terms itself: every term decoded (serving.packed)
+            cache.pin_all()
     except ShardFault as e:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm.fault_error(e) from None
     acc, touched = bm._buffers()

@@ -51,12 +51,14 @@ class ForwardIndex:
                     dl = np.zeros(n_docs)
                     offsets, base, pos = [], 0, 0
                     for sh in self.index.shards:
-                        n = len(sh.docs)
-                        order = np.argsort(sh.docs, kind="stable")
-                        ptr[base:base + sh.n_docs + 1] = pos + np.searchsorted(sh.docs[order],
+                        sdocs, stfs = sh.all_postings()  # a packed shard's: decoded (serving.packed)
+                        n = len(sdocs)
+                        order = np.argsort(sdocs, kind="stable")
+                        ptr[base:base + sh.n_docs + 1] = pos + np.searchsorted(sdocs[order],
                                                                                np.arange(sh.n_docs + 1))
                         g[pos:pos + n] = np.repeat(sh.term_gid.astype(np.int32), np.diff(sh.indptr))[order]
-                        tf[pos:pos + n] = np.asarray(sh.tfs)[order]
+                        tf[pos:pos + n] = np.asarray(stfs)[order]
+                        del sdocs, stfs
                         nz = np.flatnonzero(np.diff(ptr[base:base + sh.n_docs + 1]))  # documents with terms
                         if len(nz):  # each one's entries run to the next one's start (or the end)
                             dl[base + nz] = np.add.reduceat(tf[pos:pos + n], ptr[base + nz] - pos, dtype=np.float64)

@@ -1,0 +1,208 @@
+"""Packed postings (``funnel build --postings packed``): each term's list cut into blocks of
+``PACK_BLOCK`` postings, each block's document gaps and tfs bit-packed at the block's own
+widths into one stream of 32-bit words, as PISA's and Lucene's block codecs do.
+
+A block stores its first document id whole (``first``), then ``n - 1`` gaps less one
+(document ids ascend, so every gap is at least 1) at ``wd`` bits each, then ``n`` tfs less
+one at ``wt`` bits each; it starts on a word (``boff``: its first word). ``wd`` and ``wt``
+are the fewest bits that hold the block's largest value (0 where all are 0: a block of
+consecutive documents with tf 1 costs no payload at all). One word of padding ends the
+stream, so a value is read with one 64-bit window over two words. Widths are at most 31
+bits (document ids are below 2**31, so every gap less one is too).
+
+Serving decodes a term's postings into plain arrays (`unpack_terms`) before the kernels read
+them (``serving.packed``), so the kernels themselves never see this format. The decoder
+trusts nothing it reads: a width above what the values' dtype holds, a block outside the
+stream or not the size its widths give, a first id that does not ascend past the previous
+block or a decoded id outside the shard stops it with ``FAULT_DOCS`` (the caller names the
+file), never a read outside an array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import HAVE_NUMBA
+from .layout import FAULT_DOCS, FAULT_INDPTR
+
+if HAVE_NUMBA:
+    from ._jit import jit
+else:  # the same functions run as Python (slow, but the NumPy path stays complete)
+    def jit(func=None, **_):
+        return func if func is not None else (lambda f: f)
+
+#: Postings per packed block (PISA's and Lucene's block size).
+PACK_BLOCK = 128
+
+
+@jit(inline="always")
+def _bits(x):
+    """The fewest bits that hold ``x`` (>= 0): 0 for 0."""
+    n = 0
+    while x > 0:
+        n += 1
+        x >>= 1
+    return n
+
+
+@jit(inline="always")
+def _words(n, wd, wt):
+    """Words of payload of a block of ``n`` postings at widths (wd, wt)."""
+    return ((n - 1) * wd + n * wt + 31) // 32
+
+
+@jit(inline="always")
+def _put(out, bit, v, w):
+    """OR ``v`` (below 2**w, w <= 32) into the stream at bit ``bit``."""
+    if w == 0:
+        return
+    i = bit >> 5
+    sh = bit & 31
+    x = np.uint64(v) << np.uint64(sh)
+    out[i] |= np.uint32(x & np.uint64(0xFFFFFFFF))
+    if sh + w > 32:
+        out[i + 1] |= np.uint32(x >> np.uint64(32))
+
+
+@jit(inline="always")
+def _get(words, bit, mask):
+    """The value at bit ``bit`` of the stream, ``mask`` = 2**width - 1 (width <= 32)."""
+    i = bit >> 5
+    x = (np.uint64(words[i]) | (np.uint64(words[i + 1]) << np.uint64(32))) >> np.uint64(bit & 31)
+    return np.int64(x & mask)
+
+
+@jit(inline="always")
+def _uget(words, bit, mask):
+    """`_get` on an unsigned bit position (``np.uint64``), as ``np.uint64``."""
+    i = bit >> np.uint64(5)
+    x = (np.uint64(words[i]) | (np.uint64(words[i + np.uint64(1)]) << np.uint64(32))) >> (bit & np.uint64(31))
+    return x & mask
+
+
+@jit
+def pack_postings(indptr, docs, tfs):
+    """(words uint32, boff int64 [nb + 1], first int32 [nb], width uint8 [nb, 2]) of a shard's
+    postings (``indptr``, ascending ``docs`` per term, ``tfs`` >= 1). Block b of term t is
+    block ``term_blocks(indptr)[t] + j`` for its j-th ``PACK_BLOCK`` postings."""
+    V = indptr.shape[0] - 1
+    nb = 0
+    for t in range(V):
+        nb += (indptr[t + 1] - indptr[t] + PACK_BLOCK - 1) // PACK_BLOCK
+    first = np.empty(nb, dtype=np.int32)
+    width = np.zeros((nb, 2), dtype=np.uint8)
+    boff = np.empty(nb + 1, dtype=np.int64)
+    b = 0
+    words = 0
+    for t in range(V):
+        for s in range(indptr[t], indptr[t + 1], PACK_BLOCK):
+            n = min(PACK_BLOCK, indptr[t + 1] - s)
+            mg = 0
+            mt = 0
+            for j in range(s + 1, s + n):
+                mg = max(mg, np.int64(docs[j]) - np.int64(docs[j - 1]) - 1)
+            for j in range(s, s + n):
+                mt = max(mt, np.int64(tfs[j]) - 1)
+            first[b] = docs[s]
+            width[b, 0] = _bits(mg)
+            width[b, 1] = _bits(mt)
+            boff[b] = words
+            words += _words(n, np.int64(width[b, 0]), np.int64(width[b, 1]))
+            b += 1
+    boff[nb] = words
+    out = np.zeros(words + 1, dtype=np.uint32)  # + the padding word
+    b = 0
+    for t in range(V):
+        for s in range(indptr[t], indptr[t + 1], PACK_BLOCK):
+            n = min(PACK_BLOCK, indptr[t + 1] - s)
+            wd = np.int64(width[b, 0])
+            wt = np.int64(width[b, 1])
+            bit = boff[b] * 32
+            for j in range(s + 1, s + n):
+                _put(out, bit, np.int64(docs[j]) - np.int64(docs[j - 1]) - 1, wd)
+                bit += wd
+            for j in range(s, s + n):
+                _put(out, bit, np.int64(tfs[j]) - 1, wt)
+                bit += wt
+            b += 1
+    return out, boff, first, width
+
+
+@jit
+def _unpack_range(words, boff, first, width, b, a, e, n_docs, max_tf, odocs, otfs):
+    """Decode the blocks from ``b`` on that hold one term's postings [a, e) into
+    ``odocs[a:e]``, ``otfs[a:e]``; 0, or ``FAULT_DOCS`` at a damaged block (module docstring):
+    ``max_tf`` is the largest tf ``otfs`` holds."""
+    nb = first.shape[0]
+    nw = words.shape[0] - 1  # the padding word is never a block's
+    prev = -1
+    s = a
+    while s < e:
+        if b >= nb:
+            return FAULT_DOCS
+        n = min(PACK_BLOCK, e - s)
+        wd = np.int64(width[b, 0])
+        wt = np.int64(width[b, 1])
+        o = boff[b]
+        if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+            return FAULT_DOCS
+        d = np.int64(first[b])
+        if d <= prev or d >= n_docs:
+            return FAULT_DOCS
+        # Unsigned indices throughout (no negative-index wraparound per access); each value
+        # read on its own from its bit position, then the ids summed in a second loop: the
+        # reads do not wait on one another.
+        ubit = np.uint64(o * 32)
+        us = np.uint64(s)
+        un = np.uint64(n)
+        uwd = np.uint64(wd)
+        uwt = np.uint64(wt)
+        mask = (np.uint64(1) << uwd) - np.uint64(1)
+        for j in range(np.uint64(1), un):
+            odocs[us + j] = _uget(words, ubit + (j - np.uint64(1)) * uwd, mask)
+        ubit += (un - np.uint64(1)) * uwd
+        mask = (np.uint64(1) << uwt) - np.uint64(1)
+        top = np.uint64(0)
+        for j in range(un):
+            v = _uget(words, ubit + j * uwt, mask)
+            top = max(top, v)
+            otfs[us + j] = v + np.uint64(1)
+        if top >= np.uint64(max_tf):  # a tf above what the shard's tfs hold
+            return FAULT_DOCS
+        odocs[us] = d
+        for j in range(np.uint64(1), un):
+            d += 1 + np.int64(odocs[us + j])
+            odocs[us + j] = d
+        if d >= n_docs:  # ascending: the last is the largest (each gap below 2**32, n small: no overflow)
+            return FAULT_DOCS
+        prev = d
+        s += n
+        b += 1
+    return 0
+
+
+@jit
+def unpack_terms(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs):
+    """Decode every local term of ``terms`` (``tblock``: each term's first block) into
+    ``odocs`` / ``otfs`` at its own positions (``indptr``); 0, or the ``FAULT_*`` of the
+    first damaged term (``FAULT_INDPTR``: a range outside the arrays)."""
+    P = odocs.shape[0]
+    V = indptr.shape[0] - 1
+    for i in range(terms.shape[0]):
+        t = terms[i]
+        if t < 0 or t >= V or t >= tblock.shape[0]:
+            return FAULT_INDPTR
+        a = indptr[t]
+        e = indptr[t + 1]
+        if not (0 <= a and a <= e and e <= P):
+            return FAULT_INDPTR
+        f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
+        if f:
+            return f
+    return 0
+
+
+def term_blocks(indptr: np.ndarray) -> np.ndarray:
+    """Each term's first packed block (int64 [V + 1]; the last entry: the block count)."""
+    n = (np.diff(np.asarray(indptr, dtype=np.int64)) + PACK_BLOCK - 1) // PACK_BLOCK
+    return np.concatenate([[0], np.cumsum(n)]).astype(np.int64)

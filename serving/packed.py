@@ -1,0 +1,297 @@
+"""Serving packed postings (``funnel build --postings packed``): the kernels' plain arrays,
+decoded on demand into a bounded cache.
+
+A packed shard stores its postings bit-packed (``kernels/packed.py``: about a fifth of the
+plain ``docs.npy`` + ``tfs.npy`` + ``impacts.npy``). The kernels read plain arrays, so each
+packed shard gets two of them, as large as its postings, in anonymous memory that costs
+nothing until written (``PackedShard.docs``, ``.tfs``). Before a kernel runs, every term it
+will read is decoded into its own place in them and pinned (`PostingsCache.pinned`); after
+it, the least recently used terms beyond the cache's budget give their pages back to the
+system (``madvise(MADV_DONTNEED)``), so a process holds the packed files plus at most about
+the budget of decoded postings, plus the terms one batch is reading at once. The budget is
+``FUNNEL_POSTINGS_CACHE_MB`` (default ``DEFAULT_CACHE_MB``); the terms most queries share
+(the long lists) stay decoded, so a steady workload decodes little.
+
+Nothing else reads the shared arrays: the NumPy paths (explanations, filters' counts,
+paging) decode a term into arrays of their own (`PackedShard.term`), and SIRA's batch kernel,
+which chooses its expansion terms inside the kernel, decodes every term once and keeps them
+(`PostingsCache.pin_all`: SIRA's forward index already holds every posting in memory).
+
+Every value decoded is checked as it is decoded (``kernels/packed.py``); a damaged block
+raises ``ShardFault`` naming ``packed.npy``, and the open checks the block table itself
+(`check_packed`).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+
+import numpy as np
+
+from .errors import ShardFault
+from .kernels.layout import FAULT_DOCS
+from .kernels.packed import PACK_BLOCK, _unpack_range, term_blocks, unpack_terms
+
+PACKED_WORDS = "packed.npy"
+PACKED_FILES = (PACKED_WORDS, "packed_boff.npy", "packed_first.npy", "packed_width.npy")
+PACKED_KEY = "packed.json"
+PACKED_FORMAT = 1
+#: The decoded postings a process keeps by default, in MiB (``FUNNEL_POSTINGS_CACHE_MB``).
+DEFAULT_CACHE_MB = 512
+_PAGE = mmap.PAGESIZE
+
+
+def is_packed(shard_dir: str) -> bool:
+    return os.path.exists(os.path.join(shard_dir, PACKED_KEY))
+
+
+def cache_budget() -> int:
+    """The decoded postings' budget in bytes (``FUNNEL_POSTINGS_CACHE_MB``)."""
+    raw = os.environ.get("FUNNEL_POSTINGS_CACHE_MB", "")
+    try:
+        mb = float(raw) if raw else DEFAULT_CACHE_MB
+    except ValueError:
+        raise ValueError(f"FUNNEL_POSTINGS_CACHE_MB={raw!r} is not a number; set it to the MiB of decoded "
+                         f"postings to keep (default {DEFAULT_CACHE_MB})") from None
+    if mb < 0:
+        raise ValueError(f"FUNNEL_POSTINGS_CACHE_MB={raw!r} is negative; set it to 0 or more MiB")
+    return int(mb * (1 << 20))
+
+
+def _anon(n: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
+    """An anonymous map of ``n`` items of ``dtype`` (zero pages: no memory until written)."""
+    dtype = np.dtype(dtype)
+    mm = mmap.mmap(-1, max(n * dtype.itemsize, 1))
+    return mm, np.frombuffer(mm, dtype=dtype, count=n)
+
+
+class PackedShard:
+    """One packed shard: its packed arrays (memory-mapped) and the plain arrays the kernels
+    read, filled term by term (module docstring)."""
+
+    def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str):
+        with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
+            key = json.load(f)
+        if key.get("format") != PACKED_FORMAT or key.get("block") != PACK_BLOCK:
+            raise ValueError(f"{rel}/{PACKED_KEY} names packed format {key.get('format')} with blocks of "
+                             f"{key.get('block')}; this funnel reads format {PACKED_FORMAT} with blocks of "
+                             f"{PACK_BLOCK}: rebuild the index with this funnel (funnel build ...)")
+        self.rel = rel
+        self.tf_dtype = np.dtype(key["tfs_dtype"])
+        if self.tf_dtype not in (np.dtype(np.uint16), np.dtype(np.int32)):
+            raise ValueError(f"{rel}/{PACKED_KEY} names tfs dtype {self.tf_dtype}; expected uint16 or int32")
+        self.max_tf = int(np.iinfo(self.tf_dtype).max)
+        self.words, self.boff, self.first, self.width = (
+            np.asarray(np.load(os.path.join(shard_dir, n), mmap_mode="r")) for n in PACKED_FILES)
+        self.indptr = indptr
+        self.n_docs = n_docs
+        self.n_postings = int(indptr[-1]) if len(indptr) else 0
+        # Private: a later write to indptr.npy cannot move a term onto another's blocks
+        # unnoticed (the decoder checks every block's size against its postings).
+        self.tblock = term_blocks(indptr)
+        self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
+        self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
+        self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
+
+    def term_bytes(self, li: int) -> int:
+        return int(self.indptr[li + 1] - self.indptr[li]) * (4 + self.tf_dtype.itemsize)
+
+    def _fault(self, code: int, what: str) -> ShardFault:
+        if code == FAULT_DOCS:
+            return ShardFault(f"{self.rel}/{PACKED_WORDS}", f"holds a damaged block of {what} (a width, size, "
+                                                            "or document id the shard cannot have)")
+        return ShardFault(f"{self.rel}/indptr.npy", f"gives {what} a range outside the postings")
+
+    def decode(self, terms: np.ndarray) -> None:
+        """Decode local ``terms`` into `docs` / `tfs` (the caller holds the cache's lock)."""
+        terms = np.asarray(terms, dtype=np.int64)
+        if len(terms) == 0:
+            return
+        f = unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs,
+                         self.max_tf, terms, self.docs, self.tfs)
+        if f:
+            raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
+        self.decoded[terms] = True
+
+    def term(self, li: int) -> tuple[np.ndarray, np.ndarray]:
+        """(document ids, tfs) of local term ``li``, decoded into new arrays."""
+        a, e = int(self.indptr[li]), int(self.indptr[li + 1])
+        if not 0 <= a <= e <= self.n_postings:
+            raise self._fault(0, f"term {li}")
+        d = np.empty(e - a, dtype=np.int32)
+        t = np.empty(e - a, dtype=self.tf_dtype)
+        f = _unpack_range(self.words, self.boff, self.first, self.width, int(self.tblock[li]), 0, e - a,
+                          self.n_docs, self.max_tf, d, t)
+        if f:
+            raise self._fault(f, f"term {li}")
+        return d, t
+
+    def all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every posting, decoded into new arrays (docs, tfs)."""
+        d = np.empty(self.n_postings, dtype=np.int32)
+        t = np.empty(self.n_postings, dtype=self.tf_dtype)
+        f = unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs,
+                         self.max_tf, np.arange(len(self.indptr) - 1, dtype=np.int64), d, t)
+        if f:
+            raise self._fault(f, "a term")
+        return d, t
+
+    def release(self, li: int) -> None:
+        """Give term ``li``'s decoded pages back (those wholly inside its postings: a page it
+        shares with a neighbour keeps the neighbour's values)."""
+        a, e = int(self.indptr[li]), int(self.indptr[li + 1])
+        self.decoded[li] = False
+        for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize)):
+            lo = -(-(a * size) // _PAGE) * _PAGE
+            hi = (e * size) // _PAGE * _PAGE
+            if hi > lo:
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+class PostingsCache:
+    """The decoded terms of one index version's packed shards, least recently used first,
+    bounded by ``budget`` bytes beyond the terms pinned (module docstring)."""
+
+    def __init__(self, shards: list, budget: int | None = None):
+        self.shards = shards  # ShardScorer, each with .packed (a PackedShard or None)
+        self.budget = cache_budget() if budget is None else budget
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._pins: dict[tuple[int, int], int] = {}
+        self.used = 0
+        self._all = False
+        self.decoded_bytes = 0  # over the cache's life (tests, benchmarks)
+
+    def _local(self, gids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        out = []
+        for s, sh in enumerate(self.shards):
+            if sh.packed is not None:
+                li = sh.local_terms(gids)
+                li = np.unique(li[li >= 0])
+                if len(li):
+                    out.append((s, li))
+        return out
+
+    def _take(self, wanted: list[tuple[int, np.ndarray]]) -> list[tuple[int, int]]:
+        """Decode what ``wanted`` lacks, pin all of it; returns the pinned keys."""
+        keys = []
+        with self._lock:
+            for s, li in wanted:
+                p = self.shards[s].packed
+                todo = li[~p.decoded[li]]
+                if len(todo):
+                    p.decode(todo)
+                    for t in todo.tolist():
+                        n = p.term_bytes(t)
+                        self._lru[(s, t)] = n
+                        self.used += n
+                        self.decoded_bytes += n
+                for t in li.tolist():
+                    key = (s, t)
+                    self._lru.move_to_end(key)
+                    self._pins[key] = self._pins.get(key, 0) + 1
+                    keys.append(key)
+        return keys
+
+    def _give(self, keys: list[tuple[int, int]]) -> None:
+        with self._lock:
+            for key in keys:
+                c = self._pins[key] - 1
+                if c:
+                    self._pins[key] = c
+                else:
+                    del self._pins[key]
+            self._trim()
+
+    def _trim(self) -> None:
+        if self._all or self.used <= self.budget:
+            return
+        for key in list(self._lru):
+            if self.used <= self.budget:
+                break
+            if key in self._pins:
+                continue
+            s, t = key
+            self.used -= self._lru.pop(key)
+            self.shards[s].packed.release(t)
+
+    @contextmanager
+    def pinned(self, gids: np.ndarray):
+        """Every term of ``gids`` (global ids) decoded and kept while the block runs."""
+        keys = self._take(self._local(np.asarray(gids, dtype=np.int64)))
+        try:
+            yield
+        finally:
+            self._give(keys)
+
+    def pin_all(self) -> None:
+        """Decode every term of every packed shard and keep them all (SIRA's batch kernel)."""
+        if self._all:
+            return
+        with self._lock:
+            for s, sh in enumerate(self.shards):
+                p = sh.packed
+                if p is None:
+                    continue
+                todo = np.flatnonzero(~p.decoded)
+                p.decode(todo)
+                for t in todo.tolist():
+                    n = p.term_bytes(t)
+                    self._lru[(s, t)] = n
+                    self.used += n
+                    self.decoded_bytes += n
+            self._all = True
+
+    def batch_cuts(self, qptr: np.ndarray, qgids: np.ndarray, df_bytes: np.ndarray) -> list[tuple[int, int]]:
+        """Query ranges [i0, i1) of a batch whose distinct terms' decoded postings (``df_bytes``
+        per global term, an upper bound over shards) stay within half the budget, each
+        range at least one query: a long batch then never holds more than that decoded at once."""
+        n = len(qptr) - 1
+        if self._all or n <= 1:
+            return [(0, n)]
+        cap = max(self.budget // 2, 1)
+        cuts, i0, seen, size = [], 0, set(), 0
+        for i in range(n):
+            new = [g for g in qgids[qptr[i]:qptr[i + 1]].tolist() if g not in seen]
+            add = int(df_bytes[new].sum()) if new else 0
+            if i > i0 and size + add > cap:
+                cuts.append((i0, i))
+                i0, seen, size = i, set(), 0
+                new = list(dict.fromkeys(qgids[qptr[i]:qptr[i + 1]].tolist()))
+                add = int(df_bytes[new].sum()) if new else 0
+            seen.update(new)
+            size += add
+        cuts.append((i0, n))
+        return cuts
+
+
+def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> str | None:
+    """What is wrong with a packed shard's block table (None when sound): its files, its
+    block count against ``indptr``, each block's start inside the stream and after the
+    previous one, its widths, its first document inside the shard. The blocks' contents are
+    checked as they are decoded."""
+    try:
+        words, boff, first, width = (np.load(os.path.join(shard_dir, n), mmap_mode="r") for n in PACKED_FILES)
+    except (OSError, ValueError) as e:
+        return f"{rel}/{PACKED_WORDS}: cannot be read ({type(e).__name__}: {e})"
+    nb = int(term_blocks(indptr)[-1]) if len(indptr) else 0
+    if words.dtype != np.uint32 or boff.dtype != np.int64 or first.dtype != np.int32 or width.dtype != np.uint8:
+        return f"{rel}/packed_*.npy: unexpected dtypes ({words.dtype}, {boff.dtype}, {first.dtype}, {width.dtype})"
+    if len(first) != nb or len(boff) != nb + 1 or width.shape != (nb, 2):
+        return (f"{rel}/packed_first.npy: {len(first)} blocks, indptr.npy's postings need {nb} "
+                f"(blocks of {PACK_BLOCK})")
+    b = np.asarray(boff)
+    if nb and (int(b[0]) != 0 or int(np.diff(b).min()) < 0 or int(b[-1]) != len(words) - 1):
+        return f"{rel}/packed_boff.npy: block offsets that do not run from 0 to the stream's end in order"
+    w = np.asarray(width)
+    if nb and int(w.max()) > 31:
+        return f"{rel}/packed_width.npy: a width above 31 bits"
+    f = np.asarray(first)
+    if nb and (int(f.min()) < 0 or int(f.max()) >= n_docs):
+        return f"{rel}/packed_first.npy: a first document id outside [0, {n_docs})"
+    return None

@@ -1,0 +1,275 @@
+"""Packed postings (issue 50, item 1): ``funnel build --postings packed`` stores each term's
+document gaps and tfs bit-packed per block of 128 postings, and serving decodes the terms a
+query reads into a bounded cache (``serving/packed.py``).
+
+What must hold: the codec gives back exactly what it packed; a packed index answers every
+query exactly as the plain index of the same corpus does (ids and scores, every path: the
+batch and single-query kernels, pruning, other BM25 parameters, filters, explanations,
+paging, SIRA), also when the cache is far smaller than one query's postings; it is much
+smaller on disk; a reindex keeps it packed; and a damaged packed file is a clear error,
+never a crash. Real indexes built by the local engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fields_corpus import write_corpus
+from funnel.pipelines.artifacts import read_current
+from funnel.serving.errors import IndexDamaged
+from funnel.serving.kernels.packed import PACK_BLOCK, pack_postings, term_blocks, unpack_terms
+from funnel.serving.search import Searcher
+
+QUERIES = ["river", "apple stone", "market signal garden", "harbor ledger window orbit", "castle",
+           "dolphin falcon glacier island", "engine", "river river stone", "kettle lemon bridge jungle apple"]
+
+
+def _random_postings(rng, n_docs: int, n_terms: int, tf_max: int, tf_dtype):
+    indptr, docs, tfs = [0], [], []
+    for _ in range(n_terms):
+        df = int(rng.integers(0, min(n_docs, 3 * PACK_BLOCK) + 1))
+        d = np.sort(rng.choice(n_docs, df, replace=False)) if df else np.zeros(0, dtype=np.int64)
+        docs.extend(d.tolist())
+        tfs.extend(rng.integers(1, tf_max + 1, df).tolist())
+        indptr.append(len(docs))
+    return (np.asarray(indptr, dtype=np.int64), np.asarray(docs, dtype=np.int32),
+            np.asarray(tfs, dtype=tf_dtype))
+
+
+@pytest.mark.parametrize("n_docs,tf_max,tf_dtype", [(50, 3, np.uint16), (5_000, 65_535, np.uint16),
+                                                     (2_000_000_000, 2**31 - 1, np.int32)])
+def test_the_codec_gives_back_what_it_packed(n_docs, tf_max, tf_dtype):
+    """Random lists at every width: dense ones (gaps of 0 bits), ids near 2**31 (31-bit gaps),
+    tfs up to 16 and 31 bits, empty terms, partial last blocks."""
+    rng = np.random.default_rng(n_docs)
+    for _ in range(20):
+        n_terms = int(rng.integers(1, 12))
+        if n_docs > 10**6:  # choice without replacement over 2e9 ids: draw, then dedupe
+            indptr, docs, tfs = [0], [], []
+            for _ in range(n_terms):
+                d = np.unique(rng.integers(0, n_docs, int(rng.integers(0, 300))))
+                docs.extend(d.tolist())
+                tfs.extend(rng.integers(1, tf_max + 1, len(d)).tolist())
+                indptr.append(len(docs))
+            indptr, docs, tfs = (np.asarray(indptr, dtype=np.int64), np.asarray(docs, dtype=np.int32),
+                                 np.asarray(tfs, dtype=tf_dtype))
+        else:
+            indptr, docs, tfs = _random_postings(rng, n_docs, n_terms, tf_max, tf_dtype)
+        words, boff, first, width = pack_postings(indptr, docs, tfs)
+        assert len(first) == term_blocks(indptr)[-1]
+        out_d = np.full(len(docs), -1, dtype=np.int32)
+        out_t = np.zeros(len(docs), dtype=tf_dtype)
+        assert unpack_terms(words, boff, first, width, indptr, term_blocks(indptr), n_docs,
+                            int(np.iinfo(tf_dtype).max),
+                            np.arange(n_terms, dtype=np.int64), out_d, out_t) == 0
+        assert np.array_equal(out_d, docs) and np.array_equal(out_t, tfs)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[str, str, str]:
+    """(plain root, packed root, corpus) of the same 1,500-document corpus (2 shards)."""
+    from funnel.jobs.build_index import build
+    d = tmp_path_factory.mktemp("packed")
+    corpus = str(d / "corpus.jsonl")
+    write_corpus(corpus, n_docs=1500, seed=11)
+    build(corpus, str(d / "plain"), shards=2, engine="local")
+    build(corpus, str(d / "packed"), shards=2, engine="local", postings="packed")
+    return str(d / "plain"), str(d / "packed"), corpus
+
+
+def _answers(root: str, **kw) -> list:
+    out = []
+    with Searcher(root) as s:
+        for q in QUERIES:
+            for k in (3, 40):
+                for extra in ({}, {"k1": 1.3, "b": 0.6}, {"filter": {"cat": "memo"}}, {"offset": 5}):
+                    r = s.search(q, mode="bm25", k=k, **extra, **kw)
+                    out.append([(h.doc_id, h.score, h.why if hasattr(h, "why") else None) for h in r.hits])
+                    out.append(r.total)
+        got = s.search_batch({str(i): q for i, q in enumerate(QUERIES)}, mode="bm25", k=25)
+        out.append(got)
+    return out
+
+
+def test_a_packed_index_answers_exactly_as_the_plain_one(pair):
+    plain, packed, _ = pair
+    assert _answers(packed) == _answers(plain)
+
+
+def test_a_cache_smaller_than_one_query_still_answers_exactly(pair, monkeypatch):
+    """A budget of 2 KB: every query decodes its terms again and gives them back after,
+    so what stays decoded never passes the budget once a query is done."""
+    plain, packed, _ = pair
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(2048 / (1 << 20)))
+    assert _answers(packed) == _answers(plain)
+    with Searcher(packed) as s:
+        for q in QUERIES:
+            s.search(q, mode="bm25", k=10)
+        cache = s._current.index.postings_cache
+        assert cache.budget == 2048 and cache.used <= cache.budget and not cache._pins
+        assert cache.decoded_bytes > cache.budget  # it did decode, and give back
+
+
+def test_sira_on_a_packed_index_answers_as_on_the_plain_one(pair):
+    plain, packed, _ = pair
+
+    def run(root):
+        with Searcher(root) as s:
+            return [[(h.doc_id, h.score) for h in s.search(q, mode="sira", k=10).hits] for q in QUERIES] + \
+                [s.search_batch({str(i): q for i, q in enumerate(QUERIES)}, mode="sira", k=10)]
+    assert run(packed) == run(plain)
+
+
+def _postings_bytes(root: str) -> tuple[int, int]:
+    """(bytes of the postings files, postings) over the live version's shards."""
+    vdir = os.path.join(root, read_current(root))
+    total = n = 0
+    for shard in sorted(x for x in os.listdir(os.path.join(vdir, "lexical")) if x.startswith("shard-")):
+        sd = os.path.join(vdir, "lexical", shard)
+        for f in os.listdir(sd):
+            if f in ("docs.npy", "tfs.npy", "impacts.npy") or f.startswith("packed"):
+                total += os.path.getsize(os.path.join(sd, f))
+        n += int(np.load(os.path.join(sd, "indptr.npy"))[-1])
+    return total, n
+
+
+def test_packed_postings_are_a_fraction_of_the_plain_ones(pair):
+    plain, packed, _ = pair
+    (pb, pn), (kb, kn) = _postings_bytes(plain), _postings_bytes(packed)
+    assert pn == kn > 10_000
+    assert not any(f.startswith("packed") for f in os.listdir(os.path.join(plain, read_current(plain), "lexical",
+                                                                           "shard-0000")))
+    assert kb < 0.35 * pb, (kb / kn, pb / pn)  # 8 bytes a posting (ids, tfs, impact levels) -> under 2.8
+
+
+def test_a_reindex_keeps_the_postings_packed(pair, tmp_path):
+    from funnel.jobs.build_index import build
+    from funnel.jobs.reindex import reindex
+    plain, packed, corpus = pair
+    root = str(tmp_path / "packed")
+    shutil.copytree(packed, root)
+    rows = open(corpus).read().splitlines()
+    changed = str(tmp_path / "changed.jsonl")
+    with open(changed, "w") as f:  # a tenth of the documents dropped, one rewritten
+        f.write("\n".join(rows[150:] + [rows[0].replace('"title": "', '"title": "apple castle ')]) + "\n")
+    reindex(root, changed)
+    vdir = os.path.join(root, read_current(root))
+    assert all(os.path.exists(os.path.join(vdir, "lexical", s, "packed.json")) and
+               not os.path.exists(os.path.join(vdir, "lexical", s, "docs.npy"))
+               for s in os.listdir(os.path.join(vdir, "lexical")) if s.startswith("shard-"))
+    fresh = str(tmp_path / "fresh")
+    build(changed, fresh, shards=2, engine="local")
+    with Searcher(root) as a, Searcher(fresh) as b:
+        for q in QUERIES:
+            assert [(h.doc_id, h.score) for h in a.search(q, mode="bm25", k=20).hits] == \
+                [(h.doc_id, h.score) for h in b.search(q, mode="bm25", k=20).hits]
+
+
+def _overwrite(path: str, index: int, value) -> None:
+    arr = np.load(path, mmap_mode="r")
+    raw = np.asarray([value], dtype=arr.dtype).tobytes()
+    off = arr.offset + index * arr.dtype.itemsize
+    del arr
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(raw)
+
+
+@pytest.mark.parametrize("name,value", [("packed_width.npy", 40), ("packed_first.npy", 1 << 30),
+                                        ("packed_boff.npy", 1 << 40)])
+def test_a_block_damaged_while_served_is_a_clear_error(pair, tmp_path, name, value):
+    """The version is open (its checks passed) when a block of 'river', not yet decoded,
+    changes on disk: the query that decodes it raises IndexDamaged naming the shard's
+    packed file, not a crash or a wrong answer."""
+    _, packed, _ = pair
+    root = str(tmp_path / "ix")
+    shutil.copytree(packed, root)
+    vdir = os.path.join(root, read_current(root))
+    with Searcher(root) as s:
+        ix = s._current.index
+        sh = ix.shards[0]
+        g = ix.vocab[ix.analyzer.analyze("river")[0]]
+        li = int(sh.local_terms(np.asarray([g]))[0])
+        b = int(sh.packed.tblock[li]) + (1 if name == "packed_boff.npy" else 0)
+        _overwrite(os.path.join(vdir, "lexical", "shard-0000", name), b * (2 if name == "packed_width.npy" else 1),
+                   value)
+        with pytest.raises(IndexDamaged, match="shard-0000/packed"):  # the file the open's checks name
+            s.search("river", mode="bm25", k=5)
+
+
+def test_random_bit_flips_in_packed_files_never_crash(pair, tmp_path):
+    """Bits flipped at random in the packed files of a version, then queries, in a process of
+    its own (a crash there fails this test): the open refuses the version (a damaged block
+    table), or each query answers or raises IndexDamaged (a damaged block, found as it is
+    decoded). A flip inside a block's payload can also decode to other valid ids or tfs, as a
+    flip in a plain docs.npy can: only the file hashes (funnel verify, the scrub) see that."""
+    _, packed, _ = pair
+    root = str(tmp_path / "ix")
+    shutil.copytree(packed, root)
+    script = textwrap.dedent(f"""
+        import os, random, numpy as np
+        from funnel.pipelines.artifacts import IndexFormatError, read_current
+        from funnel.serving.errors import IndexDamaged
+        from funnel.serving.index import IndexVersion
+        from funnel.serving.lexical import BM25Retriever
+        root = {root!r}
+        vdir = os.path.join(root, read_current(root))
+        rng = random.Random(3)
+        files = [os.path.join(vdir, "lexical", s, f) for s in ("shard-0000", "shard-0001")
+                 for f in ("packed.npy", "packed_boff.npy", "packed_first.npy", "packed_width.npy")]
+        pristine = {{p: open(p, "rb").read() for p in files}}
+        outcomes = {{"ok": 0, "damaged": 0, "refused": 0}}
+        for round in range(80):
+            for p, raw in pristine.items():  # each round's damage on its own
+                with open(p, "r+b") as f:
+                    f.write(raw)
+            path = rng.choice(files)
+            arr = np.load(path, mmap_mode="r")
+            off, n = arr.offset, arr.nbytes
+            del arr
+            with open(path, "r+b") as f:
+                for _ in range(rng.randint(1, 4)):
+                    pos = off + rng.randrange(n)
+                    f.seek(pos)
+                    byte = f.read(1)[0]
+                    f.seek(pos)
+                    f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+            try:
+                ix = IndexVersion(vdir, verify="none")
+            except IndexFormatError:
+                outcomes["refused"] += 1
+                continue
+            bm = BM25Retriever(ix)
+            for q in {QUERIES!r}:
+                try:
+                    bm.search(q, k=10)
+                    outcomes["ok"] += 1
+                except IndexDamaged:
+                    outcomes["damaged"] += 1
+            ix.close()
+        print(outcomes)
+        assert outcomes["damaged"] > 0 and outcomes["refused"] > 0 and outcomes["ok"] > 0
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_packed_version_is_format_3_and_an_older_reader_refuses_it_with_a_rebuild_message(pair, monkeypatch):
+    """Format versioning (issue 50, item 5): a packed version is published as format 3, a plain
+    one as 2; a funnel that reads only 1 and 2 refuses the packed one, naming the rebuild,
+    instead of finding its docs.npy missing."""
+    from funnel.pipelines import artifacts
+    from funnel.pipelines.artifacts import IndexFormatError, load_manifest
+    plain, packed, _ = pair
+    assert load_manifest(os.path.join(plain, read_current(plain)))["format_version"] == 2
+    assert load_manifest(os.path.join(packed, read_current(packed)))["format_version"] == 3
+    monkeypatch.setattr(artifacts, "READ_FORMAT_VERSIONS", (1, 2))
+    with pytest.raises(IndexFormatError, match="Rebuild the index"):
+        Searcher(packed)
