@@ -669,6 +669,8 @@ def main(argv=None):
                    "the topical corpora go under %(default)s-topical)")
     p.add_argument("--work", default=os.path.join(".funnel", "workloads"), help="indexes and results "
                    "(default %(default)s)")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="comma-separated systems to build and time (default %(default)s)")
     p.add_argument("--build-only", action="store_true", help="make the corpora and indexes, time nothing")
     p.add_argument("--from-results", metavar="JSON[,JSON]", help="run nothing: render a saved results.json, or "
                    "several (one per corpus, e.g. runs of --corpora zipf and --corpora topical) together")
@@ -692,6 +694,9 @@ def main(argv=None):
         return
     command = ".venv/bin/python bench/bench_workloads.py " + " ".join(sys.argv[1:] if argv is None else argv)
     min_avail = int(a.min_avail_gib * bench_scale.GIB)
+    systems = [x for x in a.systems.split(",") if x]
+    if "funnel" not in systems or any(x not in SYSTEMS for x in systems):
+        p.error(f"--systems {a.systems}: funnel and any of {', '.join(SYSTEMS[1:])}")
     res = {"command": command, "latency_queries": a.latency_queries, "rounds": a.rounds, "corpora": {}}
     for c in [x for x in a.corpora.split(",") if x]:
         if c not in CORPORA:
@@ -699,7 +704,7 @@ def main(argv=None):
         corpus = corpus_dir(c, a.size, a)
         work = os.path.join(a.work, f"{c}-{bench_scale.label(a.size)}")
         os.makedirs(work, exist_ok=True)
-        builds = {s: ensure_index(s, corpus, work, a) for s in (("funnel",) if a.bounds_check_cost else SYSTEMS)}
+        builds = {s: ensure_index(s, corpus, work, a) for s in (("funnel",) if a.bounds_check_cost else systems)}
         if a.build_only:
             continue
         qpath = os.path.join(work, f"queries-{a.queries}.json")
@@ -724,9 +729,9 @@ def main(argv=None):
         if "failed" in tp:
             raise SystemExit(f"timing failed on {c}: {tp['failed']}")
         rss = {s: run_child("rss", {"sets": sets, "system": s, "index": indexes[s]}, work, min_avail)
-               for s in SYSTEMS}
+               for s in systems}
         res["corpora"][c] = {"n_docs": a.size, "builds": builds, "tp": tp, "rss": rss,
-                             "bytes": {s: index_bytes(s, indexes[s]) for s in SYSTEMS},
+                             "bytes": {s: index_bytes(s, indexes[s]) for s in systems},
                              "n_queries": {w: len(q) for w, q in sets.items()}}
         name = f"results-{bench_scale.label(a.size)}-{'+'.join(res['corpora'])}.json"
         with open(os.path.join(a.work, name), "w") as f:  # one per size and corpora: --from-results
