@@ -641,6 +641,11 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     """
     if postings not in POSTINGS_FORMATS:
         raise ValueError(f"postings={postings!r}: choose one of {', '.join(POSTINGS_FORMATS)}")
+    if postings == "packed":
+        from funnel.serving import kernels
+        if not kernels.HAVE_NUMBA:  # the codec would run as Python, hours at millions of documents
+            raise ValueError("--postings packed needs numba (pip install numba, and FUNNEL_NUMBA unset); "
+                             "or build with --postings plain")
     from funnel.pipelines import remote
     from funnel.pipelines.analysis import Analyzer
     from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
