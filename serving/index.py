@@ -30,7 +30,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
-from funnel.serving.packed import PackedShard, PostingsCache
+from funnel.serving.packed import PackedShard, PostingsCache, cache_budget
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
@@ -455,6 +455,7 @@ class IndexVersion:
         self._damage_lock = threading.Lock()
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
+        self._cache_budget = cache_budget()  # a bad FUNNEL_POSTINGS_CACHE_MB: its own clear error, not "damaged"
         try:
             self._load()
         except IndexFormatError:
@@ -508,8 +509,8 @@ class IndexVersion:
                 impacts = None  # a packed shard is scored from its tfs
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
         # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.
-        self.postings_cache = (PostingsCache(self.shards) if any(sh.packed is not None for sh in self.shards)
-                               else None)
+        self.postings_cache = (PostingsCache(self.shards, self._cache_budget)
+                               if any(sh.packed is not None for sh in self.shards) else None)
 
     def _check_shard(self, s: int) -> tuple:
         """Shard ``s``'s arrays (``load_shard``, block maxima, impacts), mapped now, after the

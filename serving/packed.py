@@ -182,21 +182,26 @@ class PostingsCache:
         keys = []
         with self._lock:
             for s, li in wanted:
-                p = self.shards[s].packed
-                todo = li[~p.decoded[li]]
-                if len(todo):
-                    p.decode(todo)
-                    for t in todo.tolist():
-                        n = p.term_bytes(t)
-                        self._lru[(s, t)] = n
-                        self.used += n
-                        self.decoded_bytes += n
+                self._decode(s, li[~self.shards[s].packed.decoded[li]])
                 for t in li.tolist():
                     key = (s, t)
                     self._lru.move_to_end(key)
                     self._pins[key] = self._pins.get(key, 0) + 1
                     keys.append(key)
         return keys
+
+    def _decode(self, s: int, todo: np.ndarray) -> None:
+        """Decode shard ``s``'s local terms ``todo`` (none decoded) and list them as the most
+        recently used (the caller holds the lock)."""
+        if len(todo) == 0:
+            return
+        p = self.shards[s].packed
+        p.decode(todo)
+        for t in todo.tolist():
+            n = p.term_bytes(t)
+            self._lru[(s, t)] = n
+            self.used += n
+            self.decoded_bytes += n
 
     def _give(self, keys: list[tuple[int, int]]) -> None:
         with self._lock:
@@ -235,16 +240,8 @@ class PostingsCache:
             return
         with self._lock:
             for s, sh in enumerate(self.shards):
-                p = sh.packed
-                if p is None:
-                    continue
-                todo = np.flatnonzero(~p.decoded)
-                p.decode(todo)
-                for t in todo.tolist():
-                    n = p.term_bytes(t)
-                    self._lru[(s, t)] = n
-                    self.used += n
-                    self.decoded_bytes += n
+                if sh.packed is not None:
+                    self._decode(s, np.flatnonzero(~sh.packed.decoded))
             self._all = True
 
     def batch_cuts(self, qptr: np.ndarray, qgids: np.ndarray, df_bytes: np.ndarray) -> list[tuple[int, int]]:

@@ -273,3 +273,12 @@ def test_a_packed_version_is_format_3_and_an_older_reader_refuses_it_with_a_rebu
     monkeypatch.setattr(artifacts, "READ_FORMAT_VERSIONS", (1, 2))
     with pytest.raises(IndexFormatError, match="Rebuild the index"):
         Searcher(packed)
+
+
+@pytest.mark.parametrize("raw", ["lots", "-5"])
+def test_a_bad_cache_size_is_a_clear_error_naming_the_variable(pair, monkeypatch, raw):
+    _, packed, _ = pair
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", raw)
+    with pytest.raises(ValueError, match="FUNNEL_POSTINGS_CACHE_MB") as e:
+        Searcher(packed)
+    assert "damaged" not in str(e.value)
