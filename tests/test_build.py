@@ -150,7 +150,7 @@ def test_index_errors(demo_index_1, tmp_path):
     # Manifests written as a build writes them (with their checksum file), so the checks
     # on their content are what refuses them.
     write_manifest(str(v), {**m, "format_version": 99})
-    with pytest.raises(IndexFormatError, match="format version 99; this funnel reads versions 1, 2. Rebuild"):
+    with pytest.raises(IndexFormatError, match="format version 99; this funnel reads versions 1, 2, 3. Rebuild"):
         open_index(str(copy))
     assert m["format_version"] == 2  # what a build writes now
     write_manifest(str(v), {**m, "format_version": 1})  # an index from before the 16-bit postings opens
