@@ -579,7 +579,8 @@ def render(res: dict, command: str) -> str:
                              if v else "–")
             L.append(f"| {c} | {w} | {k} | " + " | ".join(cells) + " |")
     L += ["", "Serving RSS: each system alone in a fresh process after answering every workload at k=10 and "
-          "k=100 (anon = private memory, file = mapped index pages).", "",
+          "k=100 (anon = private memory, file = mapped index pages, + shmem where there is any: shared "
+          "anonymous memory, funnel packed's decoded postings in runs before they were made private).", "",
           "| corpus | system | RSS MiB (anon + file) | peak RSS MiB |", "|---|---|---|---:|"]
     for c, r in res["corpora"].items():
         for s, v in r["rss"].items():
@@ -588,7 +589,8 @@ def render(res: dict, command: str) -> str:
                 L.append(f"| {c} | {s} | failed: {v.get('failed')} | |")
                 continue
             mib = lambda x: f"{(x or 0) / bench_scale.MIB:,.0f}"  # noqa: E731
-            L.append(f"| {c} | {s} | {mib(st['VmRSS'])} ({mib(st.get('RssAnon'))} + {mib(st.get('RssFile'))}) "
+            shm = f" + {mib(st['RssShmem'])}" if st.get("RssShmem", 0) >= bench_scale.MIB else ""
+            L.append(f"| {c} | {s} | {mib(st['VmRSS'])} ({mib(st.get('RssAnon'))} + {mib(st.get('RssFile'))}{shm}) "
                      f"| {mib(st['VmHWM'])} |")
     if any("bytes" in r for r in res["corpora"].values()):
         L += ["", "Index bytes per posting on disk (`index_bytes`): postings = document ids and frequencies (funnel "

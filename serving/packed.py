@@ -66,7 +66,8 @@ def cache_budget() -> int:
 def _anon(n: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
     """An anonymous map of ``n`` items of ``dtype`` (zero pages: no memory until written)."""
     dtype = np.dtype(dtype)
-    mm = mmap.mmap(-1, max(n * dtype.itemsize, 1))
+    # Private: the process's own memory (RssAnon), given back page by page (MADV_DONTNEED).
+    mm = mmap.mmap(-1, max(n * dtype.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return mm, np.frombuffer(mm, dtype=dtype, count=n)
 
 
