@@ -30,7 +30,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
-from funnel.serving.packed import PackedShard, PostingsCache, cache_budget
+from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, shared_tf_dtype
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
@@ -499,13 +499,14 @@ class IndexVersion:
                                    f"documents, its manifest says {self.n_docs}; run `funnel verify INDEX_ROOT` "
                                    "and rebuild the index (funnel build ...)")
         self.shards = []
+        tf_dtype = shared_tf_dtype([os.path.join(self.dir, "lexical", shard_name(s)) for s in range(self.n_shards)])
         for s in range(self.n_shards):  # each checked before a kernel may read it (serving.structure)
             rel = f"lexical/{shard_name(s)}"
             arrays, blocks, impacts = self._check_shard(s)
             packed = None
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
-                                     len(arrays["doclen"]), rel)
+                                     len(arrays["doclen"]), rel, tf_dtype)
                 impacts = None  # a packed shard is scored from its tfs
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
         # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.

@@ -50,6 +50,19 @@ def is_packed(shard_dir: str) -> bool:
     return os.path.exists(os.path.join(shard_dir, PACKED_KEY))
 
 
+def shared_tf_dtype(shard_dirs: list[str]) -> np.dtype:
+    """The dtype every packed shard of ``shard_dirs`` decodes its tfs as: the widest stored
+    one (uint16, or int32 where a shard holds a tf above 65,535)."""
+    out = np.dtype(np.uint16)
+    for d in shard_dirs:
+        try:
+            with open(os.path.join(d, PACKED_KEY), encoding="utf-8") as f:
+                out = np.result_type(out, np.dtype(json.load(f)["tfs_dtype"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not packed, or unreadable: the shard's own open says what is wrong
+    return out
+
+
 def cache_budget() -> int:
     """The decoded postings' budget in bytes (``FUNNEL_POSTINGS_CACHE_MB``)."""
     raw = os.environ.get("FUNNEL_POSTINGS_CACHE_MB", "")
@@ -75,7 +88,7 @@ class PackedShard:
     """One packed shard: its packed arrays (memory-mapped) and the plain arrays the kernels
     read, filled term by term (module docstring)."""
 
-    def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str):
+    def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None):
         with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
             key = json.load(f)
         if key.get("format") != PACKED_FORMAT or key.get("block") != PACK_BLOCK:
@@ -83,10 +96,14 @@ class PackedShard:
                              f"{key.get('block')}; this funnel reads format {PACKED_FORMAT} with blocks of "
                              f"{PACK_BLOCK}: rebuild the index with this funnel (funnel build ...)")
         self.rel = rel
-        self.tf_dtype = np.dtype(key["tfs_dtype"])
-        if self.tf_dtype not in (np.dtype(np.uint16), np.dtype(np.int32)):
-            raise ValueError(f"{rel}/{PACKED_KEY} names tfs dtype {self.tf_dtype}; expected uint16 or int32")
-        self.max_tf = int(np.iinfo(self.tf_dtype).max)
+        stored = np.dtype(key["tfs_dtype"])
+        if stored not in (np.dtype(np.uint16), np.dtype(np.int32)):
+            raise ValueError(f"{rel}/{PACKED_KEY} names tfs dtype {stored}; expected uint16 or int32")
+        self.max_tf = int(np.iinfo(stored).max)  # what the build could store: a larger tf is damage
+        # The dtype tfs are decoded as: ``tf_dtype`` when given, the one every shard of the
+        # version shares (the kernels read one dtype; a wider copy of these arrays would be a
+        # copy of what happened to be decoded when it was made), else the shard's own.
+        self.tf_dtype = np.dtype(tf_dtype) if tf_dtype is not None else stored
         self.words, self.boff, self.first, self.width = (
             np.asarray(np.load(os.path.join(shard_dir, n), mmap_mode="r")) for n in PACKED_FILES)
         self.indptr = indptr

@@ -282,3 +282,30 @@ def test_a_bad_cache_size_is_a_clear_error_naming_the_variable(pair, monkeypatch
     with pytest.raises(ValueError, match="FUNNEL_POSTINGS_CACHE_MB") as e:
         Searcher(packed)
     assert "damaged" not in str(e.value)
+
+
+def test_a_shard_with_a_tf_above_65535_decodes_every_shard_as_int32(tmp_path):
+    """One document repeats a word 70,000 times: its shard stores int32 tfs, the other uint16.
+    The kernels read one tf dtype, so every packed shard decodes into int32 (a widened copy of
+    the decode targets would copy whatever was decoded when it was made); answers equal the
+    plain index's."""
+    import json
+    from funnel.jobs.build_index import build
+    corpus = str(tmp_path / "c.jsonl")
+    write_corpus(corpus, n_docs=300, seed=2)
+    with open(corpus, "a") as f:
+        f.write(json.dumps({"_id": "loud", "title": "", "text": "zephyr " * 70_000 + "river"}) + "\n")
+    build(corpus, str(tmp_path / "plain"), shards=2, engine="local")
+    build(corpus, str(tmp_path / "packed"), shards=2, engine="local", postings="packed")
+    vdir = os.path.join(str(tmp_path / "packed"), read_current(str(tmp_path / "packed")))
+    kinds = sorted(json.load(open(os.path.join(vdir, "lexical", s, "packed.json")))["tfs_dtype"]
+                   for s in ("shard-0000", "shard-0001"))
+    assert kinds == ["int32", "uint16"]
+    got = {}
+    for name in ("plain", "packed"):
+        with Searcher(str(tmp_path / name)) as s:
+            got[name] = [[(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=10).hits]
+                         for q in ("zephyr", "river", "zephyr river apple", "stone market")]
+            if name == "packed":
+                assert {np.dtype(sh.tfs.dtype) for sh in s._current.index.shards} == {np.dtype(np.int32)}
+    assert got["packed"] == got["plain"] and got["plain"][0][0][0] == "loud"
