@@ -34,8 +34,9 @@ from contextlib import contextmanager
 import numpy as np
 
 from .errors import ShardFault
-from .kernels.layout import FAULT_DOCS
-from .kernels.packed import PACK_BLOCK, _unpack_range, term_blocks, unpack_terms
+
+# The codec (``kernels/packed.py``) is imported where a packed shard is opened, not here: a
+# process that opens a plain index (one CLI query, say) never imports the kernels or numba.
 
 PACKED_WORDS = "packed.npy"
 PACKED_FILES = (PACKED_WORDS, "packed_boff.npy", "packed_first.npy", "packed_width.npy")
@@ -89,12 +90,14 @@ class PackedShard:
     read, filled term by term (module docstring)."""
 
     def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None):
+        from .kernels import packed as codec
+        self._codec = codec
         with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
             key = json.load(f)
-        if key.get("format") != PACKED_FORMAT or key.get("block") != PACK_BLOCK:
+        if key.get("format") != PACKED_FORMAT or key.get("block") != codec.PACK_BLOCK:
             raise ValueError(f"{rel}/{PACKED_KEY} names packed format {key.get('format')} with blocks of "
                              f"{key.get('block')}; this funnel reads format {PACKED_FORMAT} with blocks of "
-                             f"{PACK_BLOCK}: rebuild the index with this funnel (funnel build ...)")
+                             f"{codec.PACK_BLOCK}: rebuild the index with this funnel (funnel build ...)")
         self.rel = rel
         stored = np.dtype(key["tfs_dtype"])
         if stored not in (np.dtype(np.uint16), np.dtype(np.int32)):
@@ -111,7 +114,7 @@ class PackedShard:
         self.n_postings = int(indptr[-1]) if len(indptr) else 0
         # Private: a later write to indptr.npy cannot move a term onto another's blocks
         # unnoticed (the decoder checks every block's size against its postings).
-        self.tblock = term_blocks(indptr)
+        self.tblock = codec.term_blocks(indptr)
         self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
@@ -120,6 +123,7 @@ class PackedShard:
         return int(self.indptr[li + 1] - self.indptr[li]) * (4 + self.tf_dtype.itemsize)
 
     def _fault(self, code: int, what: str) -> ShardFault:
+        from .kernels.layout import FAULT_DOCS
         if code == FAULT_DOCS:
             return ShardFault(f"{self.rel}/{PACKED_WORDS}", f"holds a damaged block of {what} (a width, size, "
                                                             "or document id the shard cannot have)")
@@ -130,8 +134,8 @@ class PackedShard:
         terms = np.asarray(terms, dtype=np.int64)
         if len(terms) == 0:
             return
-        f = unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs,
-                         self.max_tf, terms, self.docs, self.tfs)
+        f = self._codec.unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock,
+                                     self.n_docs, self.max_tf, terms, self.docs, self.tfs)
         if f:
             raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
         self.decoded[terms] = True
@@ -143,8 +147,8 @@ class PackedShard:
             raise self._fault(0, f"term {li}")
         d = np.empty(e - a, dtype=np.int32)
         t = np.empty(e - a, dtype=self.tf_dtype)
-        f = _unpack_range(self.words, self.boff, self.first, self.width, int(self.tblock[li]), 0, e - a,
-                          self.n_docs, self.max_tf, d, t)
+        f = self._codec._unpack_range(self.words, self.boff, self.first, self.width, int(self.tblock[li]), 0,
+                                      e - a, self.n_docs, self.max_tf, d, t)
         if f:
             raise self._fault(f, f"term {li}")
         return d, t
@@ -153,8 +157,8 @@ class PackedShard:
         """Every posting, decoded into new arrays (docs, tfs)."""
         d = np.empty(self.n_postings, dtype=np.int32)
         t = np.empty(self.n_postings, dtype=self.tf_dtype)
-        f = unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs,
-                         self.max_tf, np.arange(len(self.indptr) - 1, dtype=np.int64), d, t)
+        f = self._codec.unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock,
+                                     self.n_docs, self.max_tf, np.arange(len(self.indptr) - 1, dtype=np.int64), d, t)
         if f:
             raise self._fault(f, "a term")
         return d, t
@@ -290,6 +294,7 @@ def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> s
     block count against ``indptr``, each block's start inside the stream and after the
     previous one, its widths, its first document inside the shard. The blocks' contents are
     checked as they are decoded."""
+    from .kernels.packed import PACK_BLOCK, term_blocks
     try:
         words, boff, first, width = (np.load(os.path.join(shard_dir, n), mmap_mode="r") for n in PACKED_FILES)
     except (OSError, ValueError) as e:
