@@ -26,7 +26,6 @@ serving it), and every later query on that version fails the same way, never a c
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from collections import Counter
 from dataclasses import dataclass

@@ -23,6 +23,9 @@ One module per role, each with its share of the story in its docstring:
 * ``maxscore.py``: pruning by per-term bounds.  ``blockmax.py``: pruning by block maxima.
 * ``search.py``: ``search_shards`` and the batch entry points.  ``sira.py``: ``sira_batch``.
 * ``masked.py``: the kernels behind ``serving/masked.py``.
+* ``packed.py``: the codec of packed postings (``funnel build --postings packed``): the build
+  packs with it, and ``serving/packed.py`` decodes a query's terms into the plain arrays every
+  kernel above reads.
 
 The disk cache, solved once: numba's ``cache=True`` keys a compiled function on the hash of
 its own source file only, but a kernel's machine code has the helpers it calls from other
