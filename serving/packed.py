@@ -119,8 +119,9 @@ class PackedShard:
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
 
-    def term_bytes(self, li: int) -> int:
-        return int(self.indptr[li + 1] - self.indptr[li]) * (4 + self.tf_dtype.itemsize)
+    def term_bytes(self, a: int, e: int) -> int:
+        """Decoded bytes of postings [a, e)."""
+        return (e - a) * (4 + self.tf_dtype.itemsize)
 
     def _fault(self, code: int, what: str) -> ShardFault:
         from .kernels.layout import FAULT_DOCS
@@ -163,10 +164,14 @@ class PackedShard:
             raise self._fault(f, "a term")
         return d, t
 
-    def release(self, li: int) -> None:
-        """Give term ``li``'s decoded pages back (those wholly inside its postings: a page it
-        shares with a neighbour keeps the neighbour's values)."""
-        a, e = int(self.indptr[li]), int(self.indptr[li + 1])
+    def span(self, li: int) -> tuple[int, int]:
+        """Term ``li``'s postings [a, e), as `decode` checked them (held by the cache, so a
+        later write to indptr.npy cannot point `release` outside the arrays)."""
+        return int(self.indptr[li]), int(self.indptr[li + 1])
+
+    def release(self, li: int, a: int, e: int) -> None:
+        """Give term ``li``'s decoded pages, postings [a, e), back (those wholly inside them: a
+        page it shares with a neighbour keeps the neighbour's values)."""
         self.decoded[li] = False
         for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize)):
             lo = -(-(a * size) // _PAGE) * _PAGE
@@ -183,7 +188,7 @@ class PostingsCache:
         self.shards = shards  # ShardScorer, each with .packed (a PackedShard or None)
         self.budget = cache_budget() if budget is None else budget
         self._lock = threading.Lock()
-        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._lru: OrderedDict[tuple[int, int], tuple[int, int, int]] = OrderedDict()  # (bytes, a, e)
         self._pins: dict[tuple[int, int], int] = {}
         self.used = 0
         self._all = False
@@ -200,17 +205,30 @@ class PostingsCache:
         return out
 
     def _take(self, wanted: list[tuple[int, np.ndarray]]) -> list[tuple[int, int]]:
-        """Decode what ``wanted`` lacks, pin all of it; returns the pinned keys."""
-        keys = []
+        """Decode what ``wanted`` lacks, pin all of it; returns the pinned keys (none left
+        pinned where a damaged block stops it)."""
+        keys: list[tuple[int, int]] = []
         with self._lock:
-            for s, li in wanted:
-                self._decode(s, li[~self.shards[s].packed.decoded[li]])
-                for t in li.tolist():
-                    key = (s, t)
-                    self._lru.move_to_end(key)
-                    self._pins[key] = self._pins.get(key, 0) + 1
-                    keys.append(key)
+            try:
+                for s, li in wanted:
+                    self._decode(s, li[~self.shards[s].packed.decoded[li]])
+                    for t in li.tolist():
+                        key = (s, t)
+                        self._lru.move_to_end(key)
+                        self._pins[key] = self._pins.get(key, 0) + 1
+                        keys.append(key)
+            except BaseException:
+                self._unpin(keys)
+                raise
         return keys
+
+    def _unpin(self, keys: list[tuple[int, int]]) -> None:
+        for key in keys:
+            c = self._pins[key] - 1
+            if c:
+                self._pins[key] = c
+            else:
+                del self._pins[key]
 
     def _decode(self, s: int, todo: np.ndarray) -> None:
         """Decode shard ``s``'s local terms ``todo`` (none decoded) and list them as the most
@@ -218,21 +236,19 @@ class PostingsCache:
         if len(todo) == 0:
             return
         p = self.shards[s].packed
+        spans = [p.span(t) for t in todo.tolist()]  # read before the decode checks them
         p.decode(todo)
-        for t in todo.tolist():
-            n = p.term_bytes(t)
-            self._lru[(s, t)] = n
+        for t, (a, e) in zip(todo.tolist(), spans):
+            if p.span(t) != (a, e):  # indptr.npy changed while it was decoded
+                raise p._fault(0, f"term {t}")
+            n = p.term_bytes(a, e)
+            self._lru[(s, t)] = (n, a, e)
             self.used += n
             self.decoded_bytes += n
 
     def _give(self, keys: list[tuple[int, int]]) -> None:
         with self._lock:
-            for key in keys:
-                c = self._pins[key] - 1
-                if c:
-                    self._pins[key] = c
-                else:
-                    del self._pins[key]
+            self._unpin(keys)
             self._trim()
 
     def _trim(self) -> None:
@@ -244,8 +260,9 @@ class PostingsCache:
             if key in self._pins:
                 continue
             s, t = key
-            self.used -= self._lru.pop(key)
-            self.shards[s].packed.release(t)
+            n, a, e = self._lru.pop(key)
+            self.used -= n
+            self.shards[s].packed.release(t, a, e)
 
     @contextmanager
     def pinned(self, gids: np.ndarray):

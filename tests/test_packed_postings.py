@@ -202,6 +202,7 @@ def test_a_block_damaged_while_served_is_a_clear_error(pair, tmp_path, name, val
                    value)
         with pytest.raises(IndexDamaged, match="shard-0000/packed"):  # the file the open's checks name
             s.search("river", mode="bm25", k=5)
+        assert not ix.postings_cache._pins  # nothing left pinned by the query that stopped
 
 
 def test_random_bit_flips_in_packed_files_never_crash(pair, tmp_path):
