@@ -187,20 +187,20 @@ def _overwrite(path: str, index: int, value) -> None:
 def test_a_block_damaged_while_served_is_a_clear_error(pair, tmp_path, name, value):
     """The version is open (its checks passed) when a block of 'river', not yet decoded,
     changes on disk: the query that decodes it raises IndexDamaged naming the shard's
-    packed file, not a crash or a wrong answer."""
+    packed file, not a crash or a wrong answer, and leaves no term pinned."""
     _, packed, _ = pair
     root = str(tmp_path / "ix")
     shutil.copytree(packed, root)
     vdir = os.path.join(root, read_current(root))
     with Searcher(root) as s:
         ix = s._current.index
-        sh = ix.shards[0]
+        sh = ix.shards[1]  # the second: the first shard's terms are pinned when it fails
         g = ix.vocab[ix.analyzer.analyze("river")[0]]
         li = int(sh.local_terms(np.asarray([g]))[0])
         b = int(sh.packed.tblock[li]) + (1 if name == "packed_boff.npy" else 0)
-        _overwrite(os.path.join(vdir, "lexical", "shard-0000", name), b * (2 if name == "packed_width.npy" else 1),
+        _overwrite(os.path.join(vdir, "lexical", "shard-0001", name), b * (2 if name == "packed_width.npy" else 1),
                    value)
-        with pytest.raises(IndexDamaged, match="shard-0000/packed"):  # the file the open's checks name
+        with pytest.raises(IndexDamaged, match="shard-0001/packed"):  # the file the open's checks name
             s.search("river", mode="bm25", k=5)
         assert not ix.postings_cache._pins  # nothing left pinned by the query that stopped
 
