@@ -58,14 +58,6 @@ PACKED_FORMAT_VERSION = 3
 #: tfs until rebuilt (docs/index-format.md, "Older indexes").
 READ_FORMAT_VERSIONS = (1, 2, 3)
 
-
-def format_version_of(folder: str) -> int:
-    """The format a version folder is published as: ``PACKED_FORMAT_VERSION`` where any
-    shard's postings are packed, else ``FORMAT_VERSION``."""
-    lex = os.path.join(folder, "lexical")
-    names = os.listdir(lex) if os.path.isdir(lex) else []
-    packed = any(os.path.exists(os.path.join(lex, n, "packed.json")) for n in names if n.startswith("shard-"))
-    return PACKED_FORMAT_VERSION if packed else FORMAT_VERSION
 MANIFEST = "manifest.json"
 MANIFEST_SUM = "manifest.json.sha256"   # the manifest's own checksum, next to it
 CURRENT = "CURRENT"
@@ -350,6 +342,16 @@ def _retire(root: str, keep: int, protect: set[str]) -> list[str]:
         os.rename(os.path.join(root, old), dst)
         trash.append(dst)
     return trash
+
+
+def format_version_of(folder: str) -> int:
+    """The format a version folder is published as: ``PACKED_FORMAT_VERSION`` where any
+    shard's postings are packed, else ``FORMAT_VERSION``."""
+    from .postings import is_packed  # postings imports this module
+    lex = os.path.join(folder, "lexical")
+    names = os.listdir(lex) if os.path.isdir(lex) else []
+    packed = any(is_packed(os.path.join(lex, n)) for n in names if n.startswith("shard-"))
+    return PACKED_FORMAT_VERSION if packed else FORMAT_VERSION
 
 
 def publish(root: str, staging: str, manifest: dict, keep: int | None = None) -> str:

@@ -50,6 +50,8 @@ from .analysis import WORD_CACHE_SIZE
 from .artifacts import save_npy_atomic, write_json_atomic
 
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
+#: The posting files a packed shard holds in packed form instead (`pack_shard`).
+PACKED_REPLACES = ("docs.npy", "tfs.npy")
 BOUND_FILES = ("term_max_tf.npy", "term_min_dl.npy")  # optional: absent in older indexes
 # Block maxima for the default BM25 parameters (optional; write_block_maxima).
 BLOCK_FILES = ("block_start.npy", "block_max.npy", "term_max.npy", "term_kth.npy", "block_last.npy")
@@ -280,7 +282,7 @@ def pack_shard(shard_dir: str, a: dict[str, np.ndarray]) -> None:
     write_json_atomic(os.path.join(shard_dir, PACKED_KEY),
                       {"format": PACKED_FORMAT, "block": PACK_BLOCK, "tfs_dtype": str(tfs.dtype),
                        "postings": int(len(tfs))})
-    for name in ("docs.npy", "tfs.npy", IMPACT_FILE, IMPACT_KEY_FILE):
+    for name in PACKED_REPLACES + (IMPACT_FILE, IMPACT_KEY_FILE):
         path = os.path.join(shard_dir, name)
         if os.path.exists(path):
             os.remove(path)
@@ -288,7 +290,17 @@ def pack_shard(shard_dir: str, a: dict[str, np.ndarray]) -> None:
 
 def is_packed(shard_dir: str) -> bool:
     """Whether the shard's postings are packed (`pack_shard`)."""
-    return os.path.exists(os.path.join(shard_dir, "packed.json"))
+    from funnel.serving.packed import PACKED_KEY
+    return os.path.exists(os.path.join(shard_dir, PACKED_KEY))
+
+
+def posting_files(shard_dir: str) -> tuple[str, ...]:
+    """The files that hold a shard's postings: ``POSTING_FILES``, or for a packed shard the
+    same less ``PACKED_REPLACES`` plus the packed files (`pack_shard`)."""
+    if not is_packed(shard_dir):
+        return POSTING_FILES
+    from funnel.serving.packed import PACKED_FILES, PACKED_KEY
+    return tuple(n for n in POSTING_FILES if n not in PACKED_REPLACES) + PACKED_FILES + (PACKED_KEY,)
 
 
 def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> bool:
@@ -379,7 +391,7 @@ def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True,
     they are left out: serving decodes them term by term, ``serving/packed.py``)."""
     mode = "r" if mmap else None
     packed = is_packed(shard_dir)
-    names = tuple(n for n in POSTING_FILES if not packed or n not in ("docs.npy", "tfs.npy")) + ("term_gid.npy",)
+    names = tuple(n for n in POSTING_FILES if not (packed and n in PACKED_REPLACES)) + ("term_gid.npy",)
     if with_bounds:
         names += tuple(n for n in BOUND_FILES if os.path.exists(os.path.join(shard_dir, n)))
     out = {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}

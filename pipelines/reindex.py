@@ -41,7 +41,7 @@ from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
 from .docstore import store_paths, write_store_table
 from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
-from .postings import POSTING_FILES, ShardPostings, add_document, is_packed, load_shard, narrow_tfs, write_shard
+from .postings import ShardPostings, add_document, load_shard, narrow_tfs, posting_files, write_shard
 from .shard import corpus_fingerprint_part, shard_name
 
 ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
@@ -349,7 +349,7 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
     copied = same_text and not counts["fields_changed"]
     if same_text:  # the same documents in the same order: the live postings are the new ones
         os.makedirs(dst, exist_ok=True)
-        for f in _posting_files(src) + ("terms.parquet",):
+        for f in posting_files(src) + ("terms.parquet",):
             shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
         if copied:
             os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)
@@ -385,14 +385,6 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
         stage = _stage_passages if passages else _stage_vectors
         out.update(stage(shard, work_dir, live_dir, reuse, rows, reuse_live=(vectors == "reuse")))
     return out
-
-
-def _posting_files(shard_dir: str) -> tuple[str, ...]:
-    """The files that hold a shard's postings: plain (``POSTING_FILES``) or packed."""
-    if not is_packed(shard_dir):
-        return POSTING_FILES
-    from funnel.serving.packed import PACKED_FILES, PACKED_KEY
-    return ("indptr.npy", "doclen.npy") + PACKED_FILES + (PACKED_KEY,)
 
 
 def _texts(rows: pa.Table, positions: np.ndarray) -> dict[str, list]:

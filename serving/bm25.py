@@ -265,14 +265,19 @@ class ShardScorer:
             return self.packed.all()
         return self.docs, self.tfs
 
-    def term_docs(self, li: int, take: int | None = None) -> np.ndarray:
-        """The first ``take`` (all: None) document ids of local term ``li`` (unchecked ids for a
-        plain shard: a view of the map; a packed one's are checked as they are decoded)."""
+    def term_postings(self, li: int) -> tuple[np.ndarray, np.ndarray]:
+        """(document ids, tfs) of local term ``li``, its range checked: views of the maps,
+        their values unchecked (`postings` checks them), or a packed shard's decoded into new
+        arrays (checked as they are decoded)."""
         s, e = self._range(li)
         if self.packed is not None:
-            d = self.packed.term(li)[0]
-            return d if take is None else d[:take]
-        return self.docs[s:e if take is None else min(e, s + take)]
+            return self.packed.term(li)
+        return self.docs[s:e], self.tfs[s:e]
+
+    def term_docs(self, li: int, take: int | None = None) -> np.ndarray:
+        """The first ``take`` (all: None) document ids of local term ``li`` (`term_postings`)."""
+        d = self.term_postings(li)[0]
+        return d if take is None else d[:take]
 
     def postings(self, li: int) -> tuple[np.ndarray, np.ndarray]:
         """(document ids, tfs) of local term ``li``, checked: its range inside the postings,
@@ -360,12 +365,11 @@ class ShardScorer:
         for i, li in enumerate(self.local_terms(gids).tolist()):
             if li < 0:
                 continue
-            s, e = self._range(li)
-            if e <= s:
+            d, tfs = self.term_postings(li)
+            if len(d) == 0:
                 continue
-            d, tfs = self.packed.term(li) if self.packed is not None else (self.docs[s:e], self.tfs[s:e])
             # the ids in the postings' dtype: mixed dtypes would convert the whole list
-            j = np.minimum(np.searchsorted(d, local_ids.astype(d.dtype)), e - s - 1)
+            j = np.minimum(np.searchsorted(d, local_ids.astype(d.dtype)), len(d) - 1)
             found = d[j] == local_ids
             out[i] = np.where(found, tfs[j], 0)
         return out

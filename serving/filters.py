@@ -228,11 +228,7 @@ class Mask:
         for s, shard in enumerate(index.shards):
             li = int(shard.local_terms(want)[0])
             if li >= 0:
-                if shard.packed is not None:
-                    d, tfs = shard.packed.term(li)
-                else:
-                    a, b = shard.indptr[li], shard.indptr[li + 1]
-                    d, tfs = shard.docs[a:b], shard.tfs[a:b]
+                d, tfs = shard.term_postings(li)
                 ok = self.allow[int(self.doc_off[s]) + d.astype(np.int64)]
                 df += int(np.count_nonzero(ok))
                 cf += int(np.asarray(tfs)[ok].sum())

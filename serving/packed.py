@@ -47,10 +47,6 @@ DEFAULT_CACHE_MB = 512
 _PAGE = mmap.PAGESIZE
 
 
-def is_packed(shard_dir: str) -> bool:
-    return os.path.exists(os.path.join(shard_dir, PACKED_KEY))
-
-
 def shared_tf_dtype(shard_dirs: list[str]) -> np.dtype:
     """The dtype every packed shard of ``shard_dirs`` decodes its tfs as: the widest stored
     one (uint16, or int32 where a shard holds a tf above 65,535)."""
@@ -306,8 +302,8 @@ class PostingsCache:
         return cuts
 
 
-def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> str | None:
-    """What is wrong with a packed shard's block table (None when sound): its files, its
+def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> tuple[str, str] | None:
+    """(file, what is wrong) of a packed shard's block table (None when sound): its files, its
     block count against ``indptr``, each block's start inside the stream and after the
     previous one, its widths, its first document inside the shard. The blocks' contents are
     checked as they are decoded."""
@@ -315,20 +311,20 @@ def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> s
     try:
         words, boff, first, width = (np.load(os.path.join(shard_dir, n), mmap_mode="r") for n in PACKED_FILES)
     except (OSError, ValueError) as e:
-        return f"{rel}/{PACKED_WORDS}: cannot be read ({type(e).__name__}: {e})"
+        return f"{rel}/{PACKED_WORDS}", f"cannot be read ({type(e).__name__}: {e})"
     nb = int(term_blocks(indptr)[-1]) if len(indptr) else 0
     if words.dtype != np.uint32 or boff.dtype != np.int64 or first.dtype != np.int32 or width.dtype != np.uint8:
-        return f"{rel}/packed_*.npy: unexpected dtypes ({words.dtype}, {boff.dtype}, {first.dtype}, {width.dtype})"
+        return f"{rel}/packed_*.npy", f"unexpected dtypes ({words.dtype}, {boff.dtype}, {first.dtype}, {width.dtype})"
     if len(first) != nb or len(boff) != nb + 1 or width.shape != (nb, 2):
-        return (f"{rel}/packed_first.npy: {len(first)} blocks, indptr.npy's postings need {nb} "
-                f"(blocks of {PACK_BLOCK})")
+        return (f"{rel}/packed_first.npy",
+                f"{len(first)} blocks, indptr.npy's postings need {nb} (blocks of {PACK_BLOCK})")
     b = np.asarray(boff)
     if nb and (int(b[0]) != 0 or int(np.diff(b).min()) < 0 or int(b[-1]) != len(words) - 1):
-        return f"{rel}/packed_boff.npy: block offsets that do not run from 0 to the stream's end in order"
+        return f"{rel}/packed_boff.npy", "block offsets that do not run from 0 to the stream's end in order"
     w = np.asarray(width)
     if nb and int(w.max()) > 31:
-        return f"{rel}/packed_width.npy: a width above 31 bits"
+        return f"{rel}/packed_width.npy", "a width above 31 bits"
     f = np.asarray(first)
     if nb and (int(f.min()) < 0 or int(f.max()) >= n_docs):
-        return f"{rel}/packed_first.npy: a first document id outside [0, {n_docs})"
+        return f"{rel}/packed_first.npy", f"a first document id outside [0, {n_docs})"
     return None

@@ -179,8 +179,7 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
         _offsets(version_dir, rel("indptr"), indptr, n_local, n_postings, "shard's terms (term_gid.npy)")
         bad = check_packed(shard_dir, shard_rel, indptr, n_docs)
         if bad is not None:
-            file, _, what = bad.partition(": ")
-            raise _fail(version_dir, file, what)
+            raise _fail(version_dir, *bad)
     _in_range(version_dir, rel("term_gid"), gid, 0, n_terms, "global term id")
     if n_local > 1 and int(np.diff(gid.astype(np.int64)).min()) <= 0:
         i = int(np.flatnonzero(np.diff(gid.astype(np.int64)) <= 0)[0])
