@@ -262,8 +262,7 @@ class BM25Retriever:
         cache = getattr(self.index, "postings_cache", None)
         if cache is None:
             return [(0, len(qptr) - 1)]
-        tf_bytes = max(np.dtype(s.tfs.dtype).itemsize for s in self.index.shards)
-        return cache.batch_cuts(qptr, qgids, np.asarray(self.index.df, dtype=np.int64) * (4 + tf_bytes))
+        return cache.batch_cuts(qptr, qgids, np.asarray(self.index.df, dtype=np.int64) * cache.posting_bytes)
 
     def _may_prune(self, postings: int) -> bool:
         """Whether a query with at most ``postings`` postings over all shards (the sum of its
@@ -327,6 +326,19 @@ class BM25Retriever:
         imeta, keep = self._impacts(params)
         return imeta, self._impacts32(params), self.rescore_min_postings, self.dense_min_docs, keep
 
+    def _keep_levels(self, key: dict) -> None:
+        """Packed shards store no impact levels: have the postings cache compute each decoded
+        posting's as it decodes it (``PostingsCache.keep_levels``; the build's values, from the
+        same function and inputs), so `_impacts32` reads them as a plain shard's ``impacts.npy``."""
+        cache = getattr(self.index, "postings_cache", None)
+        packed = {i: s for i, s in enumerate(self.index.shards) if getattr(s, "packed", None) is not None}
+        if cache is None or not packed:
+            return
+        den, itab = impact_tables(_DEFAULT, self.index.avgdl, 255)
+        cache.keep_levels({i: (s.norms, den, itab) for i, s in packed.items()})
+        for s in packed.values():
+            s.stored_impacts = (key, s.packed.impacts)
+
     def _impacts32(self, params: BM25Params) -> np.ndarray:
         """``imeta32`` for the exhaustive kernels: every shard's stored impact levels
         (``impacts.npy``) where ``params`` are the default ones and every shard stored them for
@@ -338,6 +350,7 @@ class BM25Retriever:
             with self._lock:
                 if self._impact32_args is None:
                     want = impacts_key(self.index.avgdl)
+                    self._keep_levels(want)
                     stored = [s.stored_impacts for s in self.index.shards]
                     if stored and all(x is not None and x[0] == want for x in stored):
                         self._impact32_args = kernels.impact_table([x[1] for x in stored], kernels.IMPACT_DTYPE)

@@ -87,7 +87,9 @@ class PackedShard:
 
     def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None):
         from .kernels import packed as codec
+        from .kernels.layout import IMPACT_DTYPE
         self._codec = codec
+        self.imp_dtype = np.dtype(IMPACT_DTYPE)
         with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
             key = json.load(f)
         if key.get("format") != PACKED_FORMAT or key.get("block") != codec.PACK_BLOCK:
@@ -113,11 +115,35 @@ class PackedShard:
         self.tblock = codec.term_blocks(indptr)
         self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
+        # Each decoded posting's impact level for the default parameters, once `keep_levels`
+        # is called (the exhaustive kernels then read them as a plain shard's impacts.npy).
+        self._mm_imp, self.impacts = _anon(max(self.n_postings, 0), self.imp_dtype)
+        self.levels = None  # (length codes, denominators, impact grid) of the default parameters
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
+
+    @property
+    def posting_bytes(self) -> int:
+        """Decoded bytes a posting: its id, its tf, and its level where levels are kept."""
+        return 4 + self.tf_dtype.itemsize + (self.imp_dtype.itemsize if self.levels is not None else 0)
 
     def term_bytes(self, a: int, e: int) -> int:
         """Decoded bytes of postings [a, e)."""
-        return (e - a) * (4 + self.tf_dtype.itemsize)
+        return (e - a) * self.posting_bytes
+
+    def keep_levels(self, code: np.ndarray, table: np.ndarray, itab: np.ndarray) -> None:
+        """From now on, give every decoded term its postings' impact levels too (``code``,
+        ``table``, ``itab``: the default parameters', as ``lexical.default_impacts`` takes
+        them), starting with the terms decoded already (the caller holds the cache's lock)."""
+        self.levels = (code, table, itab)
+        self._fill_levels(np.flatnonzero(self.decoded))
+
+    def _fill_levels(self, terms: np.ndarray) -> None:
+        if self.levels is None or len(terms) == 0:
+            return
+        f = self._codec.fill_levels(self.indptr, np.asarray(terms, dtype=np.int64), self.docs, self.tfs,
+                                    *self.levels, self.impacts)
+        if f:
+            raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
 
     def _fault(self, code: int, what: str) -> ShardFault:
         from .kernels.layout import FAULT_DOCS
@@ -135,6 +161,7 @@ class PackedShard:
                                      self.n_docs, self.max_tf, terms, self.docs, self.tfs)
         if f:
             raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
+        self._fill_levels(terms)
         self.decoded[terms] = True
 
     def term(self, li: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +196,8 @@ class PackedShard:
         """Give term ``li``'s decoded pages, postings [a, e), back (those wholly inside them: a
         page it shares with a neighbour keeps the neighbour's values)."""
         self.decoded[li] = False
-        for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize)):
+        for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize),
+                         (self._mm_imp, self.imp_dtype.itemsize)):
             lo = -(-(a * size) // _PAGE) * _PAGE
             hi = (e * size) // _PAGE * _PAGE
             if hi > lo:
@@ -259,6 +287,28 @@ class PostingsCache:
             n, a, e = self._lru.pop(key)
             self.used -= n
             self.shards[s].packed.release(t, a, e)
+
+    @property
+    def posting_bytes(self) -> int:
+        """Decoded bytes a posting, the most of any packed shard (`PackedShard.posting_bytes`)."""
+        return max((sh.packed.posting_bytes for sh in self.shards if sh.packed is not None), default=0)
+
+    def keep_levels(self, levels: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """`PackedShard.keep_levels` for each shard ``s`` of ``levels`` (its length codes, the
+        default parameters' denominators and impact grid), the terms decoded already included,
+        their bytes counted again."""
+        with self._lock:
+            for s, args in levels.items():
+                p = self.shards[s].packed
+                if p.levels is None:
+                    p.keep_levels(*args)
+            used = 0
+            for (s, t), (_, a, e) in self._lru.items():
+                n = self.shards[s].packed.term_bytes(a, e)
+                self._lru[(s, t)] = (n, a, e)
+                used += n
+            self.used = used
+            self._trim()
 
     @contextmanager
     def pinned(self, gids: np.ndarray):

@@ -117,6 +117,28 @@ def test_a_cache_smaller_than_one_query_still_answers_exactly(pair, monkeypatch)
         assert cache.decoded_bytes > cache.budget  # it did decode, and give back
 
 
+def test_a_packed_index_gives_decoded_postings_the_builds_impact_levels(pair):
+    """The exhaustive kernels read a packed shard's impact levels as a plain shard's
+    impacts.npy: each decoded posting's equals what the plain build of the same corpus
+    stored, and the cache counts their two bytes a posting."""
+    plain, packed, _ = pair
+    with Searcher(packed) as s:
+        for q in QUERIES:
+            s.search(q, mode="bm25", k=3)
+        idx = s._current.index
+        cache = idx.postings_cache
+        assert cache.posting_bytes == 4 + 2 + 2
+        checked = 0
+        for i, sh in enumerate(idx.shards):
+            stored = np.load(os.path.join(plain, read_current(plain), "lexical", f"shard-{i:04d}", "impacts.npy"))
+            for t in np.flatnonzero(sh.packed.decoded):
+                a, e = sh.packed.span(int(t))
+                assert np.array_equal(sh.packed.impacts[a:e], stored[a:e])
+                checked += e - a
+        assert checked > 1000
+        assert cache.used == sum(n for n, _, _ in cache._lru.values())
+
+
 def test_sira_on_a_packed_index_answers_as_on_the_plain_one(pair):
     plain, packed, _ = pair
 

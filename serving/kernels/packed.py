@@ -27,6 +27,7 @@ from .layout import FAULT_DOCS, FAULT_INDPTR
 
 if HAVE_NUMBA:
     from ._jit import jit
+    from .decode import _fill_impacts
 else:  # the same functions run as Python (slow, but the NumPy path stays complete)
     def jit(func=None, **_):
         return func if func is not None else (lambda f: f)
@@ -197,6 +198,22 @@ def unpack_terms(words, boff, first, width, indptr, tblock, n_docs, max_tf, term
         if not (0 <= a and a <= e and e <= P):
             return FAULT_INDPTR
         f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
+        if f:
+            return f
+    return 0
+
+
+@jit
+def fill_levels(indptr, terms, docs, tfs, code, table, itab, out):
+    """Each posting's impact level of local ``terms`` (decoded: `unpack_terms`) into ``out``
+    at its own positions, as the build stores a plain shard's (``decode.posting_levels``:
+    ``code``, ``table`` and ``itab`` for the default parameters); 0, or the ``FAULT_*`` of
+    a posting outside ``code`` (`unpack_terms` checked the ranges)."""
+    for i in range(terms.shape[0]):
+        t = terms[i]
+        a = indptr[t]
+        e = indptr[t + 1]
+        f = _fill_impacts(docs[a:e], tfs[a:e], code, table, itab, out[a:e], True)
         if f:
             return f
     return 0
