@@ -113,6 +113,7 @@ class PackedShard:
         # Private: a later write to indptr.npy cannot move a term onto another's blocks
         # unnoticed (the decoder checks every block's size against its postings).
         self.tblock = codec.term_blocks(indptr)
+        self._ends = np.array(indptr, dtype=np.int64)  # private: what `release` trusts
         self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
         # Each decoded posting's impact level for the default parameters, once `keep_levels`
@@ -134,16 +135,10 @@ class PackedShard:
         """From now on, give every decoded term its postings' impact levels too (``code``,
         ``table``, ``itab``: the default parameters', as ``lexical.default_impacts`` takes
         them), starting with the terms decoded already (the caller holds the cache's lock)."""
-        self.levels = (code, table, itab)
-        self._fill_levels(np.flatnonzero(self.decoded))
-
-    def _fill_levels(self, terms: np.ndarray) -> None:
-        if self.levels is None or len(terms) == 0:
-            return
-        f = self._codec.fill_levels(self.indptr, np.asarray(terms, dtype=np.int64), self.docs, self.tfs,
-                                    *self.levels, self.impacts)
-        if f:
-            raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
+        self.levels = (code, table, itab, self._codec.level_grid(itab))
+        done = np.flatnonzero(self.decoded)
+        self.decoded[done] = False
+        self.decode(done)  # again, with their levels (only when levels are first asked for)
 
     def _fault(self, code: int, what: str) -> ShardFault:
         from .kernels.layout import FAULT_DOCS
@@ -157,11 +152,14 @@ class PackedShard:
         terms = np.asarray(terms, dtype=np.int64)
         if len(terms) == 0:
             return
-        f = self._codec.unpack_terms(self.words, self.boff, self.first, self.width, self.indptr, self.tblock,
-                                     self.n_docs, self.max_tf, terms, self.docs, self.tfs)
+        args = (self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs, self.max_tf,
+                terms, self.docs, self.tfs)
+        if self.levels is None:
+            f = self._codec.unpack_terms(*args)
+        else:
+            f = self._codec.unpack_terms_levels(*args, *self.levels, self.impacts)
         if f:
             raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
-        self._fill_levels(terms)
         self.decoded[terms] = True
 
     def term(self, li: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,15 +190,21 @@ class PackedShard:
         later write to indptr.npy cannot point `release` outside the arrays)."""
         return int(self.indptr[li]), int(self.indptr[li + 1])
 
-    def release(self, li: int, a: int, e: int) -> None:
-        """Give term ``li``'s decoded pages, postings [a, e), back (those wholly inside them: a
-        page it shares with a neighbour keeps the neighbour's values)."""
-        self.decoded[li] = False
+    def release(self, spans: list[tuple[int, int, int]]) -> None:
+        """Give the decoded pages of terms ``spans`` (rows: local term, and its postings [a, e)
+        as `span` gave them) back: those wholly inside them, and a page they share with a
+        neighbour that is not decoded either (`codec.free_pages`; the caller holds the
+        cache's lock, under which every decode runs). Without the shared pages, a process
+        answering many short terms kept up to two pages a term and array."""
+        if not spans:
+            return
+        rows = np.array(sorted(spans, key=lambda x: x[1]), dtype=np.int64).reshape(-1, 3)
+        self.decoded[rows[:, 0]] = False
+        out = np.empty((len(rows), 2), dtype=np.int64)
         for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize),
                          (self._mm_imp, self.imp_dtype.itemsize)):
-            lo = -(-(a * size) // _PAGE) * _PAGE
-            hi = (e * size) // _PAGE * _PAGE
-            if hi > lo:
+            n = self._codec.free_pages(self._ends, self.decoded, rows[:, 1:], size, _PAGE, out)
+            for lo, hi in out[:n].tolist():
                 mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
@@ -278,6 +282,7 @@ class PostingsCache:
     def _trim(self) -> None:
         if self._all or self.used <= self.budget:
             return
+        out: dict[int, list] = {}
         for key in list(self._lru):
             if self.used <= self.budget:
                 break
@@ -286,7 +291,9 @@ class PostingsCache:
             s, t = key
             n, a, e = self._lru.pop(key)
             self.used -= n
-            self.shards[s].packed.release(t, a, e)
+            out.setdefault(s, []).append((t, a, e))
+        for s, spans in out.items():
+            self.shards[s].packed.release(spans)
 
     @property
     def posting_bytes(self) -> int:
@@ -298,16 +305,17 @@ class PostingsCache:
         default parameters' denominators and impact grid), the terms decoded already included,
         their bytes counted again."""
         with self._lock:
-            for s, args in levels.items():
-                p = self.shards[s].packed
-                if p.levels is None:
-                    p.keep_levels(*args)
-            used = 0
-            for (s, t), (_, a, e) in self._lru.items():
-                n = self.shards[s].packed.term_bytes(a, e)
-                self._lru[(s, t)] = (n, a, e)
-                used += n
-            self.used = used
+            try:
+                for s, args in levels.items():
+                    p = self.shards[s].packed
+                    if p.levels is None:
+                        p.keep_levels(*args)
+            finally:
+                self.used = 0
+                for (s, t), (_, a, e) in self._lru.items():
+                    n = self.shards[s].packed.term_bytes(a, e)
+                    self._lru[(s, t)] = (n, a, e)
+                    self.used += n
             self._trim()
 
     @contextmanager

@@ -139,6 +139,37 @@ def test_a_packed_index_gives_decoded_postings_the_builds_impact_levels(pair):
         assert cache.used == sum(n for n, _, _ in cache._lru.values())
 
 
+def _resident_pages(arr: np.ndarray) -> int:
+    """Pages of ``arr``'s memory resident now (Linux ``mincore``)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data // page * page
+    n = -(-(arr.ctypes.data + arr.nbytes - start) // page)
+    vec = ctypes.create_string_buffer(n)
+    assert libc.mincore(start, n * page, vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec.raw)
+
+
+def test_a_cache_of_nothing_gives_every_decoded_page_back(pair, monkeypatch):
+    """Budget 0: after the queries, none of the decode targets' pages stays resident, the
+    pages that short neighbouring terms share included (they used to stay, up to two a term
+    and array, so a process held far more decoded postings than its budget)."""
+    plain, packed, _ = pair
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", "0")
+    with Searcher(packed) as s:
+        for q in QUERIES:
+            s.search(q, mode="bm25", k=10)
+        s.search_batch({str(i): q for i, q in enumerate(QUERIES)}, mode="bm25", k=10)
+        idx = s._current.index
+        assert idx.postings_cache.used == 0 and idx.postings_cache.decoded_bytes > 0
+        for sh in idx.shards:
+            for arr in (sh.packed.docs, sh.packed.tfs, sh.packed.impacts):
+                assert _resident_pages(arr) == 0
+
+
 def test_sira_on_a_packed_index_answers_as_on_the_plain_one(pair):
     plain, packed, _ = pair
 

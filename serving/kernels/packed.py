@@ -23,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import HAVE_NUMBA
-from .layout import FAULT_DOCS, FAULT_INDPTR
+from .layout import FAULT_DOCS, FAULT_INDPTR, IMPACT_DTYPE
 
 if HAVE_NUMBA:
     from ._jit import jit
-    from .decode import _fill_impacts
+    from .decode import _quantize
 else:  # the same functions run as Python (slow, but the NumPy path stays complete)
     def jit(func=None, **_):
         return func if func is not None else (lambda f: f)
@@ -203,20 +203,101 @@ def unpack_terms(words, boff, first, width, indptr, tblock, n_docs, max_tf, term
     return 0
 
 
+def level_grid(itab: np.ndarray) -> np.ndarray:
+    """Each cell of an impact grid (``lexical.impact_tables``) as its ``IMPACT_DTYPE`` level
+    (``decode._quantize``): `unpack_terms_levels` looks small tfs' levels up here."""
+    return _levels_of(np.ascontiguousarray(itab, dtype=np.float64), np.empty(len(itab), dtype=IMPACT_DTYPE))
+
+
 @jit
-def fill_levels(indptr, terms, docs, tfs, code, table, itab, out):
-    """Each posting's impact level of local ``terms`` (decoded: `unpack_terms`) into ``out``
-    at its own positions, as the build stores a plain shard's (``decode.posting_levels``:
-    ``code``, ``table`` and ``itab`` for the default parameters); 0, or the ``FAULT_*`` of
-    a posting outside ``code`` (`unpack_terms` checked the ranges)."""
+def _levels_of(itab, out):
+    for i in range(itab.shape[0]):
+        v = itab[i]
+        out[i] = _quantize(v) if v > 0.0 else 1.0  # tf 0: never read
+    return out
+
+
+@jit
+def unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs,
+                        code, table, itab, ltab, olev):
+    """`unpack_terms`, and each decoded posting's impact level into ``olev``, as the build
+    stores a plain shard's (``decode.posting_levels`` with ``code``, ``table`` and ``itab``
+    for the default parameters: ``ltab = level_grid(itab)`` holds the levels of the tfs the
+    grid holds, larger tfs are computed), each term's right after its decode."""
+    P = odocs.shape[0]
+    V = indptr.shape[0] - 1
+    nt = np.uint64(table.shape[0])
+    ucap = np.uint64(itab.shape[0] // table.shape[0])
+    und = np.uint64(code.shape[0])
     for i in range(terms.shape[0]):
         t = terms[i]
+        if t < 0 or t >= V or t >= tblock.shape[0]:
+            return FAULT_INDPTR
         a = indptr[t]
         e = indptr[t + 1]
-        f = _fill_impacts(docs[a:e], tfs[a:e], code, table, itab, out[a:e], True)
+        if not (0 <= a and a <= e and e <= P and e <= olev.shape[0]):
+            return FAULT_INDPTR
+        f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
         if f:
             return f
+        for p in range(np.uint64(a), np.uint64(e)):
+            d = np.uint64(odocs[p])
+            if d >= und:
+                return FAULT_DOCS
+            tf = np.uint64(otfs[p])
+            c = np.uint64(code[d])
+            if tf < ucap:
+                olev[p] = ltab[tf * nt + c]
+            else:
+                x = np.float64(tf)
+                olev[p] = _quantize(x / (x + table[c]))
     return 0
+
+
+@jit
+def _busy(ends, decoded, x0, x1):
+    """Whether a term marked in ``decoded`` has postings in [x0, x1) (``ends``: indptr)."""
+    lo, hi = 0, ends.shape[0]
+    while lo < hi:  # the first term starting after x0, less one: the term holding x0
+        mid = (lo + hi) >> 1
+        if ends[mid] <= x0:
+            lo = mid + 1
+        else:
+            hi = mid
+    j = max(lo - 1, 0)
+    while j < decoded.shape[0] and ends[j] < x1:
+        if decoded[j] and ends[j + 1] > x0:
+            return True
+        j += 1
+    return False
+
+
+@jit
+def free_pages(ends, decoded, spans, size, page, out):
+    """The byte ranges of an array of ``size``-byte postings that postings ``spans`` (rows
+    [a, e), ascending, their terms no longer marked in ``decoded``) may give back: the pages
+    they cover, less a page at either end that a still decoded term has postings in,
+    adjacent ranges merged, into ``out`` (rows [lo, hi)); returns their count."""
+    n = 0
+    P = ends[ends.shape[0] - 1]
+    for i in range(spans.shape[0]):
+        a = spans[i, 0]
+        e = spans[i, 1]
+        lo = (a * size) // page * page
+        hi = -(-(e * size) // page) * page
+        if (a * size) % page and _busy(ends, decoded, lo // size, a):
+            lo += page
+        if (e * size) % page and _busy(ends, decoded, e, min(-(-hi // size), P)):
+            hi -= page
+        if hi <= lo:
+            continue
+        if n and lo <= out[n - 1, 1]:
+            out[n - 1, 1] = max(out[n - 1, 1], hi)
+        else:
+            out[n, 0] = lo
+            out[n, 1] = hi
+            n += 1
+    return n
 
 
 def term_blocks(indptr: np.ndarray) -> np.ndarray:
