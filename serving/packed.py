@@ -42,8 +42,11 @@ PACKED_WORDS = "packed.npy"
 PACKED_FILES = (PACKED_WORDS, "packed_boff.npy", "packed_first.npy", "packed_width.npy")
 PACKED_KEY = "packed.json"
 PACKED_FORMAT = 1
-#: The decoded postings a process keeps by default, in MiB (``FUNNEL_POSTINGS_CACHE_MB``).
-DEFAULT_CACHE_MB = 512
+#: The decoded postings a process keeps by default, in MiB (``FUNNEL_POSTINGS_CACHE_MB``): at 3M
+#: documents (bench_workloads' topical corpus) a server answering every workload then holds
+#: about 1.9 GiB in all; 768 took it past 2 GiB, 512 decoded the SciFact-like claims' terms
+#: again for every batch (8 bytes a decoded posting: id, tf, impact level).
+DEFAULT_CACHE_MB = 640
 _PAGE = mmap.PAGESIZE
 
 
