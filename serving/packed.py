@@ -3,14 +3,19 @@ decoded on demand into a bounded cache.
 
 A packed shard stores its postings bit-packed (``kernels/packed.py``: about a fifth of the
 plain ``docs.npy`` + ``tfs.npy`` + ``impacts.npy``). The kernels read plain arrays, so each
-packed shard gets two of them, as large as its postings, in anonymous memory that costs
-nothing until written (``PackedShard.docs``, ``.tfs``). Before a kernel runs, every term it
-will read is decoded into its own place in them and pinned (`PostingsCache.pinned`); after
-it, the least recently used terms beyond the cache's budget give their pages back to the
-system (``madvise(MADV_DONTNEED)``), so a process holds the packed files plus at most about
-the budget of decoded postings, plus the terms one batch is reading at once. The budget is
-``FUNNEL_POSTINGS_CACHE_MB`` (default ``DEFAULT_CACHE_MB``); the terms most queries share
-(the long lists) stay decoded, so a steady workload decodes little.
+packed shard gets three of them, as large as its postings, in anonymous memory that costs
+nothing until written (``PackedShard.docs``, ``.tfs``, ``.impacts``: once the exhaustive path
+asks for them, each posting's impact level for the default parameters, computed as the build
+computes a plain shard's). Before a kernel runs, every term it will read is decoded into its
+own place in them and pinned (`PostingsCache.pinned`); after it, the least recently used
+terms beyond the cache's budget give their pages back to the system
+(``madvise(MADV_DONTNEED)``, a page shared with a neighbouring term once neither is decoded),
+so a process holds the packed files plus at most about the budget of decoded postings, plus
+the terms one batch is reading at once. The budget is ``FUNNEL_POSTINGS_CACHE_MB`` (default
+``DEFAULT_CACHE_MB``); the terms most queries share (the long lists) stay decoded, so a
+steady workload decodes little. A workload whose terms outgrow the budget decodes them again
+for each batch (least recently used: none of the policies tried, segmented or random
+eviction, did better on every workload of ``bench_workloads``).
 
 Nothing else reads the shared arrays: the NumPy paths (explanations, filters' counts,
 paging) decode a term into arrays of their own (`PackedShard.term`), and SIRA's batch kernel,
