@@ -182,27 +182,6 @@ def _unpack_range(words, boff, first, width, b, a, e, n_docs, max_tf, odocs, otf
     return 0
 
 
-@jit
-def unpack_terms(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs):
-    """Decode every local term of ``terms`` (``tblock``: each term's first block) into
-    ``odocs`` / ``otfs`` at its own positions (``indptr``); 0, or the ``FAULT_*`` of the
-    first damaged term (``FAULT_INDPTR``: a range outside the arrays)."""
-    P = odocs.shape[0]
-    V = indptr.shape[0] - 1
-    for i in range(terms.shape[0]):
-        t = terms[i]
-        if t < 0 or t >= V or t >= tblock.shape[0]:
-            return FAULT_INDPTR
-        a = indptr[t]
-        e = indptr[t + 1]
-        if not (0 <= a and a <= e and e <= P):
-            return FAULT_INDPTR
-        f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
-        if f:
-            return f
-    return 0
-
-
 def level_grid(itab: np.ndarray) -> np.ndarray:
     """Each cell of an impact grid (``lexical.impact_tables``) as its ``IMPACT_DTYPE`` level
     (``decode._quantize``): `unpack_terms_levels` looks small tfs' levels up here."""
@@ -218,14 +197,26 @@ def _levels_of(itab, out):
 
 
 @jit
+def unpack_terms(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs):
+    """Decode every local term of ``terms`` (``tblock``: each term's first block) into
+    ``odocs`` / ``otfs`` at its own positions (``indptr``); 0, or the ``FAULT_*`` of the
+    first damaged term (``FAULT_INDPTR``: a range outside the arrays)."""
+    return unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs,
+                               np.zeros(0, dtype=np.uint8), np.zeros(1), np.zeros(1),
+                               np.zeros(0, dtype=IMPACT_DTYPE), np.zeros(0, dtype=IMPACT_DTYPE))
+
+
+@jit
 def unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, otfs,
                         code, table, itab, ltab, olev):
-    """`unpack_terms`, and each decoded posting's impact level into ``olev``, as the build
-    stores a plain shard's (``decode.posting_levels`` with ``code``, ``table`` and ``itab``
-    for the default parameters: ``ltab = level_grid(itab)`` holds the levels of the tfs the
-    grid holds, larger tfs are computed), each term's right after its decode."""
+    """`unpack_terms`, and each decoded posting's impact level into ``olev`` (none where it is
+    empty), as the build stores a plain shard's (``decode.posting_levels`` with ``code``,
+    ``table`` and ``itab`` for the default parameters: ``ltab = level_grid(itab)`` holds the
+    levels of the tfs the grid holds, larger tfs are computed), each term's right after its
+    decode."""
     P = odocs.shape[0]
     V = indptr.shape[0] - 1
+    levels = olev.shape[0] > 0
     nt = np.uint64(table.shape[0])
     ucap = np.uint64(itab.shape[0] // table.shape[0])
     und = np.uint64(code.shape[0])
@@ -235,11 +226,13 @@ def unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_t
             return FAULT_INDPTR
         a = indptr[t]
         e = indptr[t + 1]
-        if not (0 <= a and a <= e and e <= P and e <= olev.shape[0]):
+        if not (0 <= a and a <= e and e <= P and (e <= olev.shape[0] or not levels)):
             return FAULT_INDPTR
         f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
         if f:
             return f
+        if not levels:
+            continue
         for p in range(np.uint64(a), np.uint64(e)):
             d = np.uint64(odocs[p])
             if d >= und:
