@@ -139,6 +139,36 @@ def test_a_packed_index_gives_decoded_postings_the_builds_impact_levels(pair):
         assert cache.used == sum(n for n, _, _ in cache._lru.values())
 
 
+def test_threads_sharing_a_small_cache_answer_as_the_plain_index(pair, monkeypatch):
+    """Four threads query one packed searcher whose budget (16 KB) holds less than a query's
+    terms, so they decode, pin, and give back pages around each other's kernels all the
+    time (pages shared with a neighbour a thread has pinned must stay); every answer is the
+    plain index's."""
+    import threading
+    plain, packed, _ = pair
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(16384 / (1 << 20)))
+    jobs = [(q, k) for q in QUERIES for k in (5, 40)] * 3
+    with Searcher(plain) as s:
+        want = {(q, k): [(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=k).hits] for q, k in jobs}
+    got, errors = {}, []
+    with Searcher(packed) as s:
+        def work(i):
+            try:
+                for q, k in jobs[i::4]:
+                    got.setdefault((q, k), []).append([(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=k).hits])
+            except Exception as e:  # reported below, with the thread's query
+                errors.append(repr(e))
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cache = s._current.index.postings_cache
+        assert not errors and not cache._pins and cache.used <= cache.budget
+        assert cache.decoded_bytes > 10 * cache.budget
+    assert all(a == want[key] for key, answers in got.items() for a in answers) and len(got) == len(want)
+
+
 def _resident_pages(arr: np.ndarray) -> int:
     """Pages of ``arr``'s memory resident now (Linux ``mincore``)."""
     import ctypes
