@@ -144,9 +144,9 @@ class PackedShard:
         ``table``, ``itab``: the default parameters', as ``lexical.default_impacts`` takes
         them), starting with the terms decoded already (the caller holds the cache's lock)."""
         self.levels = (code, table, itab, self._codec.level_grid(itab))
-        done = np.flatnonzero(self.decoded)
-        self.decoded[done] = False
-        self.decode(done)  # again, with their levels (only when levels are first asked for)
+        # Again, with their levels (once): the same ids and tfs over themselves, so a kernel
+        # reading one of them meanwhile reads what it read before.
+        self.decode(np.flatnonzero(self.decoded))
 
     def _fault(self, code: int, what: str) -> ShardFault:
         from .kernels.layout import FAULT_DOCS
