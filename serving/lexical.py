@@ -264,6 +264,20 @@ class BM25Retriever:
             return [(0, len(qptr) - 1)]
         return cache.batch_cuts(qptr, qgids, np.asarray(self.index.df, dtype=np.int64) * cache.posting_bytes)
 
+    def _by_cuts(self, qptr: np.ndarray, qgids: np.ndarray, run: Callable) -> int:
+        """A batch kernel over the batch's parts (`_cuts`), each part's terms pinned while it
+        runs: ``run(i0, i1, qptr, qgids, prune)`` gets queries [i0, i1) (their term pointers
+        rebased, their term ids) and whether their largest may reach the pruning threshold
+        (`_batch_may_prune`), and returns the kernel's fault; the first fault stops the batch
+        and is returned (0: none)."""
+        for i0, i1 in self._cuts(qptr, qgids):
+            qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
+            with self._pinned(qg):
+                fault = run(i0, i1, qp, qg, self._batch_may_prune(qp, qg))
+            if fault:
+                return fault
+        return 0
+
     def _may_prune(self, postings: int) -> bool:
         """Whether a query with at most ``postings`` postings over all shards (the sum of its
         terms' df, repeats counted: no shard holds more) can reach the pruning threshold. If
@@ -445,20 +459,16 @@ class BM25Retriever:
                 acc, touched = self._buffers()
                 den, itab = self._table(params)
                 ex = self._plain_args(params)  # held while the kernel runs
-                for i0, i1 in self._cuts(qptr, qgids):
-                    qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
-                    with self._pinned(qg):
-                        if self._batch_may_prune(qp, qg):
-                            fault = kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off,
-                                                         id_rank, acc, touched, den, itab, self.index.idf, qp, qg, k,
-                                                         self.prune_min_postings, self.prune_stats, pos[i0:i1],
-                                                         score[i0:i1], cnt[i0:i1])
-                        else:
-                            fault = kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched,
-                                                               den, itab, self.index.idf, qp, qg, k, pos[i0:i1],
-                                                               score[i0:i1], cnt[i0:i1])
-                    if fault:
-                        break
+
+                def run(i0, i1, qp, qg, prune):
+                    if prune:
+                        return kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc,
+                                                    touched, den, itab, self.index.idf, qp, qg, k,
+                                                    self.prune_min_postings, self.prune_stats, pos[i0:i1],
+                                                    score[i0:i1], cnt[i0:i1])
+                    return kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
+                                                      self.index.idf, qp, qg, k, pos[i0:i1], score[i0:i1], cnt[i0:i1])
+                fault = self._by_cuts(qptr, qgids, run)
             except ShardFault as e:
                 raise self.fault_error(e) from None
             if fault:
@@ -514,22 +524,17 @@ class BM25Retriever:
             acc, touched = self._buffers()
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
-            for i0, i1 in self._cuts(qptr, qgids):
+
+            def run(i0, i1, qp, qg, prune):
                 o = qptr[i0]
-                qp, qs, qg, qr = qptr[i0:i1 + 1] - o, qsplit[i0:i1] - o, qgids[o:qptr[i1]], qraw[o:qptr[i1]]
-                part = tuple(x[i0:i1] for x in out)
-                with self._pinned(qg):
-                    if self._batch_may_prune(qp, qg):
-                        fault = kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off,
-                                                              id_rank, acc, touched, den, itab, self.index.idf, qp, qs,
-                                                              qg, qr, k, self.prune_min_postings, self.prune_stats,
-                                                              *part)
-                    else:
-                        fault = kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc,
-                                                                    touched, den, itab, self.index.idf, qp, qs, qg, qr,
-                                                                    k, *part)
-                if fault:
-                    break
+                qs, qr, part = qsplit[i0:i1] - o, qraw[o:qptr[i1]], tuple(x[i0:i1] for x in out)
+                if prune:
+                    return kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
+                                                         acc, touched, den, itab, self.index.idf, qp, qs, qg, qr, k,
+                                                         self.prune_min_postings, self.prune_stats, *part)
+                return kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                                           itab, self.index.idf, qp, qs, qg, qr, k, *part)
+            fault = self._by_cuts(qptr, qgids, run)
         except ShardFault as e:
             raise self.fault_error(e) from None
         if fault:
