@@ -507,7 +507,7 @@ class IndexVersion:
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
                                      len(arrays["doclen"]), rel, tf_dtype)
-                impacts = None  # a packed shard is scored from its tfs
+                impacts = None  # none stored: decoded terms get theirs (BM25Retriever._keep_levels)
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
         # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.
         self.postings_cache = (PostingsCache(self.shards, self._cache_budget)

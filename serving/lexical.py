@@ -340,7 +340,7 @@ class BM25Retriever:
         imeta, keep = self._impacts(params)
         return imeta, self._impacts32(params), self.rescore_min_postings, self.dense_min_docs, keep
 
-    def _keep_levels(self, key: dict) -> None:
+    def _keep_levels(self) -> None:
         """Packed shards store no impact levels: have the postings cache compute each decoded
         posting's as it decodes it (``PostingsCache.keep_levels``; the build's values, from the
         same function and inputs), so `_impacts32` reads them as a plain shard's ``impacts.npy``."""
@@ -350,22 +350,22 @@ class BM25Retriever:
             return
         den, itab = impact_tables(_DEFAULT, self.index.avgdl, 255)
         cache.keep_levels({i: (s.norms, den, itab) for i, s in packed.items()})
-        for s in packed.values():
-            s.stored_impacts = (key, s.packed.impacts)
 
     def _impacts32(self, params: BM25Params) -> np.ndarray:
         """``imeta32`` for the exhaustive kernels: every shard's stored impact levels
         (``impacts.npy``) where ``params`` are the default ones and every shard stored them for
         this collection's avgdl (``impacts_key``), else ``kernels.NO_IMPACTS``. Memory-mapped:
-        their pages are the page cache's, shared by every process serving the index."""
+        their pages are the page cache's, shared by every process serving the index. A packed
+        shard's are its decoded terms' (`_keep_levels`), which the kernels read only pinned."""
         if params != _DEFAULT:
             return kernels.NO_IMPACTS
         if self._impact32_args is None:
             with self._lock:
                 if self._impact32_args is None:
                     want = impacts_key(self.index.avgdl)
-                    self._keep_levels(want)
-                    stored = [s.stored_impacts for s in self.index.shards]
+                    self._keep_levels()
+                    stored = [s.stored_impacts if getattr(s, "packed", None) is None else (want, s.packed.impacts)
+                              for s in self.index.shards]
                     if stored and all(x is not None and x[0] == want for x in stored):
                         self._impact32_args = kernels.impact_table([x[1] for x in stored], kernels.IMPACT_DTYPE)
                     else:
