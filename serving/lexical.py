@@ -270,12 +270,19 @@ class BM25Retriever:
         rebased, their term ids) and whether their largest may reach the pruning threshold
         (`_batch_may_prune`), and returns the kernel's fault; the first fault stops the batch
         and is returned (0: none)."""
-        for i0, i1 in self._cuts(qptr, qgids):
-            qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
-            with self._pinned(qg):
-                fault = run(i0, i1, qp, qg, self._batch_may_prune(qp, qg))
-            if fault:
-                return fault
+        cuts = self._cuts(qptr, qgids)
+        cache = getattr(self.index, "postings_cache", None)
+        if cache is None or len(cuts) == 1:
+            parts = contextlib.nullcontext(lambda i: self._pinned(qgids[qptr[cuts[i][0]]:qptr[cuts[i][1]]]))
+        else:  # the cache learns which terms the later parts need, and keeps them longest
+            parts = cache.batch([qgids[qptr[i0]:qptr[i1]] for i0, i1 in cuts])
+        with parts as pinned:
+            for i, (i0, i1) in enumerate(cuts):
+                qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
+                with pinned(i):
+                    fault = run(i0, i1, qp, qg, self._batch_may_prune(qp, qg))
+                if fault:
+                    return fault
         return 0
 
     def _may_prune(self, postings: int) -> bool:

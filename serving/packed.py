@@ -13,9 +13,12 @@ terms beyond the cache's budget give their pages back to the system
 so a process holds the packed files plus at most about the budget of decoded postings, plus
 the terms one batch is reading at once. The budget is ``FUNNEL_POSTINGS_CACHE_MB`` (default
 ``DEFAULT_CACHE_MB``); the terms most queries share (the long lists) stay decoded, so a
-steady workload decodes little. A workload whose terms outgrow the budget decodes them again
-for each batch (least recently used: none of the policies tried, segmented or random
-eviction, did better on every workload of ``bench_workloads``).
+steady workload decodes little. Terms are given back least recently used first, except while
+a batch runs in parts (`PostingsCache.batch`): then the terms its later parts need go last,
+and of the rest those it used most recently go first, so a batch whose terms outgrow the
+budget, run again, keeps its earliest parts' terms instead of decoding every term again on
+every run (`PostingsCache._trim`; segmented and random eviction were tried too and did worse
+on some workload of ``bench_workloads``).
 
 Nothing else reads the shared arrays: the NumPy paths (explanations, filters' counts,
 paging) decode a term into arrays of their own (`PackedShard.term`), and SIRA's batch kernel,
@@ -33,7 +36,7 @@ import json
 import mmap
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 
 import numpy as np
@@ -217,8 +220,8 @@ class PackedShard:
 
 
 class PostingsCache:
-    """The decoded terms of one index version's packed shards, least recently used first,
-    bounded by ``budget`` bytes beyond the terms pinned (module docstring)."""
+    """The decoded terms of one index version's packed shards, bounded by ``budget`` bytes
+    beyond the terms pinned, given back in the order `_trim` gives (module docstring)."""
 
     def __init__(self, shards: list, budget: int | None = None):
         self.shards = shards  # ShardScorer, each with .packed (a PackedShard or None)
@@ -226,6 +229,12 @@ class PostingsCache:
         self._lock = threading.Lock()
         self._lru: OrderedDict[tuple[int, int], tuple[int, int, int]] = OrderedDict()  # (bytes, a, e)
         self._pins: dict[tuple[int, int], int] = {}
+        self._tick = 0  # one per pin; _used_at: each key's last (`_trim`)
+        self._used_at: dict[tuple[int, int], int] = {}
+        self._ahead: Counter = Counter()  # keys later parts of the running batches will pin
+        self._next: dict[tuple[int, int], int] = {}  # the part (numbered across batches) pinning each next
+        self._parts = 0  # parts numbered so far
+        self._starts: list[int] = []  # the tick each running batch began at
         self.used = 0
         self._all = False
         self.decoded_bytes = 0  # over the cache's life (tests, benchmarks)
@@ -245,12 +254,14 @@ class PostingsCache:
         pinned where a damaged block stops it)."""
         keys: list[tuple[int, int]] = []
         with self._lock:
+            self._tick += 1
             try:
                 for s, li in wanted:
                     self._decode(s, li[~self.shards[s].packed.decoded[li]])
                     for t in li.tolist():
                         key = (s, t)
                         self._lru.move_to_end(key)
+                        self._used_at[key] = self._tick
                         self._pins[key] = self._pins.get(key, 0) + 1
                         keys.append(key)
             except BaseException:
@@ -279,6 +290,7 @@ class PostingsCache:
                 raise p._fault(0, f"term {t}")
             n = p.term_bytes(a, e)
             self._lru[(s, t)] = (n, a, e)
+            self._used_at[(s, t)] = self._tick
             self.used += n
             self.decoded_bytes += n
 
@@ -288,20 +300,99 @@ class PostingsCache:
             self._trim()
 
     def _trim(self) -> None:
+        """Give back unpinned terms until the cache is within its budget, in this order:
+        those no running batch will pin again and last pinned before the oldest running
+        batch began, least recently used first (with no batch running: plain LRU); then
+        those pinned since and not needed again, most recently used first; then those a
+        later part of a running batch needs, the one needed last first.
+
+        The middle rule is for a batch whose terms outgrow the budget, run again (the
+        same queries, or one stream of them): least recently used first would give back
+        its first part's terms to make room for its last, then its second part's to make
+        room for its first, and so decode every term again on every run, where keeping
+        the earliest parts' terms and giving back the latest decodes only what did not
+        fit (Belady's choice for a repeated sequence)."""
         if self._all or self.used <= self.budget:
             return
+        start = min(self._starts) if self._starts else self._tick + 1
         out: dict[int, list] = {}
-        for key in list(self._lru):
+        keys = list(self._lru)
+        for rule in range(3):  # each list built only where the ones before did not suffice
+            if rule == 0:
+                order = (k for k in keys if k not in self._ahead and self._used_at.get(k, 0) < start)
+            elif rule == 1:
+                order = (k for k in reversed(keys) if k in self._lru and k not in self._ahead)
+            else:
+                order = iter(sorted((k for k in keys if k in self._lru), key=lambda k: -self._next.get(k, 0)))
+            for key in order:
+                if self.used <= self.budget:
+                    break
+                if key in self._pins:
+                    continue
+                s, t = key
+                n, a, e = self._lru.pop(key)
+                self._used_at.pop(key, None)
+                self._next.pop(key, None)
+                self.used -= n
+                out.setdefault(s, []).append((t, a, e))
             if self.used <= self.budget:
                 break
-            if key in self._pins:
-                continue
-            s, t = key
-            n, a, e = self._lru.pop(key)
-            self.used -= n
-            out.setdefault(s, []).append((t, a, e))
         for s, spans in out.items():
             self.shards[s].packed.release(spans)
+
+    @contextmanager
+    def batch(self, parts: list[np.ndarray]):
+        """A batch run as ``parts`` (each its global term ids), one after another: yields a
+        function ``pinned(i)`` that pins part i's terms as `pinned` does, while the terms
+        of the parts not yet run are known to `_trim`, which gives them back last."""
+        keyed = [self._local(np.asarray(g, dtype=np.int64)) for g in parts]
+        per = [[(s, t) for s, li in w for t in li.tolist()] for w in keyed]
+        left: Counter = Counter()
+        needs: dict[tuple[int, int], list[int]] = {}
+        for i, keys in enumerate(per):
+            left.update(keys)
+            for key in keys:
+                needs.setdefault(key, []).append(i)
+        with self._lock:
+            self._ahead.update(left)
+            base = self._parts
+            self._parts += len(parts)
+            for key, ps in needs.items():
+                self._next[key] = base + ps[0]
+            start = self._tick + 1
+            self._starts.append(start)
+
+        @contextmanager
+        def pinned(i: int):
+            keys = self._take(keyed[i])
+            with self._lock:
+                for key in per[i]:
+                    if left[key] > 0:
+                        left[key] -= 1
+                        self._ahead[key] -= 1
+                        if self._ahead[key] <= 0:
+                            del self._ahead[key]
+                    ps = needs[key]
+                    ps.pop(0)
+                    if ps:
+                        self._next[key] = base + ps[0]
+                    else:
+                        self._next.pop(key, None)
+            try:
+                yield
+            finally:
+                self._give(keys)
+        try:
+            yield pinned
+        finally:
+            with self._lock:
+                for key, c in left.items():
+                    if c > 0:
+                        self._ahead[key] -= c
+                        if self._ahead[key] <= 0:
+                            del self._ahead[key]
+                        self._next.pop(key, None)
+                self._starts.remove(start)
 
     @property
     def posting_bytes(self) -> int:
