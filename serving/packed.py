@@ -290,7 +290,6 @@ class PostingsCache:
                 raise p._fault(0, f"term {t}")
             n = p.term_bytes(a, e)
             self._lru[(s, t)] = (n, a, e)
-            self._used_at[(s, t)] = self._tick
             self.used += n
             self.decoded_bytes += n
 
@@ -347,14 +346,12 @@ class PostingsCache:
         of the parts not yet run are known to `_trim`, which gives them back last."""
         keyed = [self._local(np.asarray(g, dtype=np.int64)) for g in parts]
         per = [[(s, t) for s, li in w for t in li.tolist()] for w in keyed]
-        left: Counter = Counter()
-        needs: dict[tuple[int, int], list[int]] = {}
+        needs: dict[tuple[int, int], list[int]] = {}  # the parts not yet run that pin each key
         for i, keys in enumerate(per):
-            left.update(keys)
             for key in keys:
                 needs.setdefault(key, []).append(i)
         with self._lock:
-            self._ahead.update(left)
+            self._ahead.update({key: len(ps) for key, ps in needs.items()})
             base = self._parts
             self._parts += len(parts)
             for key, ps in needs.items():
@@ -367,11 +364,9 @@ class PostingsCache:
             keys = self._take(keyed[i])
             with self._lock:
                 for key in per[i]:
-                    if left[key] > 0:
-                        left[key] -= 1
-                        self._ahead[key] -= 1
-                        if self._ahead[key] <= 0:
-                            del self._ahead[key]
+                    self._ahead[key] -= 1
+                    if self._ahead[key] <= 0:
+                        del self._ahead[key]
                     ps = needs[key]
                     ps.pop(0)
                     if ps:
@@ -386,9 +381,9 @@ class PostingsCache:
             yield pinned
         finally:
             with self._lock:
-                for key, c in left.items():
-                    if c > 0:
-                        self._ahead[key] -= c
+                for key, ps in needs.items():  # parts left unrun (a fault stopped the batch)
+                    if ps:
+                        self._ahead[key] -= len(ps)
                         if self._ahead[key] <= 0:
                             del self._ahead[key]
                         self._next.pop(key, None)
