@@ -307,15 +307,18 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
     """Store the shard's block maxima for the default BM25 parameters and this ``avgdl``
     (``BLOCK_FILES``, and ``block_maxima.json`` naming what they were computed for), so that
     serving memory-maps them instead of computing them at its first pruning query (0.5 s and
-    66 MB at 1M documents). They are exact impacts (float64, one per 64 postings: ~1/32 of
-    ``docs.npy``), the same bits serving would compute. A reindex rewrites them for every
-    shard (avgdl changes). Returns False (nothing written) without numba."""
+    66 MB at 1M documents). They are the exact impacts serving would compute, one per 64
+    postings, rounded to float32 outward (``kernels.block_bounds32``: a block's or term's
+    maximum up, a term's k-th block maximum down; ~1/64 of ``docs.npy``), as serving rounds
+    the ones it computes. A reindex rewrites them for every shard (avgdl changes). Returns
+    False (nothing written) without numba."""
     from funnel.serving import kernels
     if not kernels.HAVE_NUMBA:
         return False
     from funnel.serving.bm25 import norm_bytes
     from funnel.serving.lexical import block_maxima_key, default_block_maxima
-    arrays = default_block_maxima(a["indptr"], a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl)
+    arrays = kernels.block_bounds32(
+        default_block_maxima(a["indptr"], a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl))
     for name, arr in zip(BLOCK_FILES, arrays, strict=True):
         save_npy_atomic(os.path.join(shard_dir, name), arr)
     write_json_atomic(os.path.join(shard_dir, BLOCK_KEY_FILE), block_maxima_key(avgdl))

@@ -82,10 +82,22 @@ def block_maxima_key(avgdl: float) -> dict:
     """What stored block maxima were computed for: the default BM25 parameters, the
     collection's avgdl, the block size, the kept ranks and the arrays stored. Serving uses a
     shard's stored ones only when this matches exactly (otherwise it computes them: an index
-    stored before ``block_last`` existed computes them at its first pruning query)."""
+    stored before ``block_last`` existed computes them at its first pruning query). ``dtype``:
+    the bounds' float type, float32 rounded outward (`kernels.block_bounds32`); a key without
+    it names the float64 of builds before issue 50, which serving still reads (`stored_blocks_usable`)."""
     return {"k1": _DEFAULT.k1, "b": _DEFAULT.b, "length_norm": _DEFAULT.length_norm, "avgdl": float(avgdl),
             "block": int(kernels.BLOCK), "kth": [int(x) for x in kernels.KTH_BLOCKS],
-            "arrays": [name.removesuffix(".npy") for name in BLOCK_FILES]}
+            "arrays": [name.removesuffix(".npy") for name in BLOCK_FILES], "dtype": "float32"}
+
+
+def stored_blocks_usable(key, avgdl: float) -> bool:
+    """Whether block maxima stored with ``key`` were computed for this collection as serving
+    would: `block_maxima_key` exactly, or, from a build before issue 50, the same without
+    ``dtype`` (float64 bounds, which `kernels.block_table` rounds outward to float32 in memory)."""
+    want = block_maxima_key(avgdl)
+    if isinstance(key, dict) and "dtype" not in key:
+        want.pop("dtype")
+    return key == want
 
 
 def impacts_key(avgdl: float) -> dict:
@@ -309,8 +321,8 @@ class BM25Retriever:
             with self._lock:
                 if self._block_args is None:
                     den, itab = self._table(params)
-                    want = block_maxima_key(self.index.avgdl)
-                    blocks = [s.stored_blocks[1] if s.stored_blocks is not None and s.stored_blocks[0] == want
+                    blocks = [s.stored_blocks[1] if s.stored_blocks is not None and
+                              stored_blocks_usable(s.stored_blocks[0], self.index.avgdl)
                               else _in_shard(s, kernels.block_maxima, s.indptr, *s.all_postings(), s.norms, den,
                                              itab, kernels.BLOCK)
                               for s in self.index.shards]

@@ -33,8 +33,18 @@ def test_the_build_stores_the_block_maxima_serving_computes(request, fixture):
                    (f"lexical/{shard_name(s)}/{f}" for f in BLOCK_FILES))  # published and verified
         key, stored = load_block_maxima(d)
         assert key == block_maxima_key(ix.index.avgdl)
-        for a, b in zip(stored, _computed(ix, s)):
-            assert a.dtype == b.dtype and np.array_equal(a, b)  # the same bits
+        exact = _computed(ix, s)
+        for a, b, dt in zip(stored, kernels.block_bounds32(exact), kernels.BLOCK_DTYPES):
+            assert a.dtype == dt and np.array_equal(a, b)  # the bits serving rounds its own to
+        bstart, bmax, tmax, tkth, blast = stored
+        assert np.array_equal(bstart, exact[0]) and np.array_equal(blast, exact[4])
+        # float32, rounded outward: the maxima stay upper bounds, the k-th maxima lower ones,
+        # each within a float32 step of the exact float64
+        for got, want, up in ((bmax, exact[1], True), (tmax, exact[2], True), (tkth, exact[3], False)):
+            got = np.asarray(got, dtype=np.float64)
+            assert (got >= want).all() if up else (got <= want).all()
+            assert np.allclose(got, want, rtol=2 ** -23, atol=0)
+        assert (np.asarray(bmax, dtype=np.float64) > exact[1]).any()  # some were rounded, and up
 
 
 def test_serving_reads_stored_block_maxima_and_recomputes_stale_ones(demo_index_4, monkeypatch):
@@ -78,3 +88,40 @@ def test_block_maxima_stored_before_block_last_are_not_used(demo_index_1, tmp_pa
     assert load_block_maxima(str(old)) is not None
     os.remove(old / "block_last.npy")
     assert load_block_maxima(str(old)) is None
+
+
+def test_float64_block_maxima_of_builds_before_issue_50_are_still_read(demo_index_4, tmp_path, monkeypatch):
+    """An index whose build stored float64 block maxima (no ``dtype`` in block_maxima.json):
+    serving reads them, rounds them outward in memory, and answers as from this build's
+    float32 ones, pruning or not, without computing its own."""
+    import json
+    import shutil
+
+    from funnel.pipelines.postings import BLOCK_KEY_FILE
+    ix = open_index(demo_index_4)
+    b = ix.bm25
+    b.prune_min_postings = -1
+    want = b.search_texts(QUERIES, 10)
+    old = tmp_path / "old"
+    shutil.copytree(demo_index_4, old, symlinks=True)
+    ix_old = open_index(str(old), verify="none")
+    for s in range(ix_old.index.n_shards):
+        d = os.path.join(ix_old.index.dir, "lexical", shard_name(s))
+        for name, arr in zip(BLOCK_FILES, _computed(ix_old, s)):  # the exact float64, as builds stored them
+            np.save(os.path.join(d, name), arr)
+        with open(os.path.join(d, BLOCK_KEY_FILE), encoding="utf-8") as f:
+            key = json.load(f)
+        key.pop("dtype")
+        with open(os.path.join(d, BLOCK_KEY_FILE), "w", encoding="utf-8") as f:
+            json.dump(key, f)
+    ix_old.close()
+
+    def refuse(*a):
+        raise AssertionError("block maxima computed although the build stored them")
+    ix2 = open_index(str(old), verify="none")
+    assert all(s.stored_blocks[1][1].dtype == np.float64 for s in ix2.index.shards)
+    monkeypatch.setattr(kernels, "block_maxima", refuse)
+    ix2.bm25.prune_min_postings = 0
+    got = ix2.bm25.search_texts(QUERIES, 10)
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    assert all(a.dtype == dt for a, dt in zip(ix2.bm25._block_args[1], kernels.BLOCK_DTYPES * ix2.index.n_shards))

@@ -140,13 +140,13 @@ def _prune_pays(meta, bmeta, gids, weights, k):
         s += 1
     if s == meta.shape[0]:
         return False
-    theta = _theta_from_blocks(_view(bmeta, s, 3, np.float64), local, weights, k)
+    theta = _theta_from_blocks(_view(bmeta, s, 3, np.float32), local, weights, k)
     if theta <= 0.0:
         return False
     indptr = _view(meta, s, 0, np.int64)
     bstart = _view(bmeta, s, 0, np.int64)
-    bmax = _view(bmeta, s, 1, np.float64)
-    tmax = _view(bmeta, s, 2, np.float64)
+    bmax = _view(bmeta, s, 1, np.float32)
+    tmax = _view(bmeta, s, 2, np.float32)
     T = local.shape[0]
     rest = np.zeros(T + 1)  # as _score_shard_blocks computes it
     for i in range(T - 1, -1, -1):

@@ -107,16 +107,49 @@ BLOCK = 64
 KTH_BLOCKS = np.array([10, 100, 1000], dtype=np.int64)
 
 
+#: The dtypes the kernels read (``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) as, and the
+#: build stores them in (`block_bounds32`).
+BLOCK_DTYPES = (np.int64, np.float32, np.float32, np.float32, np.int32)
+
+
+def _float32(a, up: bool) -> np.ndarray:
+    """``a`` as float32, each value rounded up (``up``) or down to the nearest float32, so an
+    upper bound stays one and a lower bound too; float32 input is taken as it is (the build
+    rounded it). NaN stays NaN (a damaged file: the kernels' compares refuse it as before)."""
+    a = np.asarray(a)
+    if a.dtype == np.float32:
+        return np.ascontiguousarray(a)
+    wide = np.asarray(a, dtype=np.float64)
+    out = wide.astype(np.float32)
+    back = out.astype(np.float64)
+    off = back < wide if up else back > wide
+    if off.any():
+        out[off] = np.nextafter(out[off], np.float32(np.inf if up else -np.inf))
+    return out
+
+
+def block_bounds32(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """(``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) in `BLOCK_DTYPES`: the block and term
+    maxima (upper bounds) rounded up to float32, each term's k-th block maximum (a lower bound
+    of the k-th score, ``_theta_from_blocks``) rounded down. Pruning only ever compares a bound
+    with the k-th score, so a bound a float32 step looser prunes the same or less and the
+    results keep their documents and bits; 4 bytes a block and 16 a term less than float64
+    (issue 50: 0.26 of the Zipf corpus's 2.81 bytes a posting)."""
+    bstart, bmax, tmax, tkth, blast = arrays
+    return (np.ascontiguousarray(bstart, dtype=np.int64), _float32(bmax, True), _float32(tmax, True),
+            _float32(tkth, False), np.ascontiguousarray(blast, dtype=np.int32))
+
+
 def block_table(blocks: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """(bmeta, keep): the int64 [S, 10] (address, length) table of each shard's
-    (``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) from `block_maxima`, for
-    ``search_shards``; ``keep`` holds the arrays it points into, which the caller keeps
-    referenced."""
+    (``bstart``, ``bmax``, ``tmax``, ``tkth``, ``blast``) from `block_maxima` (float64, rounded
+    here) or as the build stored them (`block_bounds32`; an index stored before issue 50's
+    float32 bounds is rounded here, in memory), for ``search_shards``; ``keep`` holds the
+    arrays it points into, which the caller keeps referenced."""
     bmeta = np.zeros((len(blocks), 10), dtype=np.int64)
     keep = []
     for s, arrays in enumerate(blocks):
-        for f, (a, dt) in enumerate(zip(arrays, (np.int64, np.float64, np.float64, np.float64, np.int32), strict=True)):
-            a = np.ascontiguousarray(a, dtype=dt)
+        for f, (a, dt) in enumerate(zip(block_bounds32(arrays), BLOCK_DTYPES, strict=True)):
             if len(a) == 0:
                 a = np.zeros(1, dtype=dt)[:0]
             keep.append(a)

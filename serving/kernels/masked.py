@@ -103,8 +103,8 @@ def search_masked_shards(meta, bmeta, imeta, code_proto, doc_off, id_rank, acc, 
         base = np.int64(s) << 32
         if blocks:
             bstart = _view(bmeta, s, 0, np.int64)
-            bmax = _view(bmeta, s, 1, np.float64)
-            tmax = _view(bmeta, s, 2, np.float64)
+            bmax = _view(bmeta, s, 1, np.float32)
+            tmax = _view(bmeta, s, 2, np.float32)
             blast = _view(bmeta, s, 4, np.int32)
             if by_cands:
                 stats[0] += 1

@@ -84,11 +84,11 @@ def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_prot
                 if local[i] >= 0:
                     post += indptr[local[i] + 1] - indptr[local[i]]
             if post >= prune_min:
-                theta = max(theta, _theta_from_blocks(_view(bmeta, s, 3, np.float64), local, weights, k))
+                theta = max(theta, _theta_from_blocks(_view(bmeta, s, 3, np.float32), local, weights, k))
                 n, theta = _score_shard_blocks(
                     indptr, _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
                     _view(meta, s, 5, code_proto[0].dtype), table, itab, cap,
-                    _view(bmeta, s, 0, np.int64), _view(bmeta, s, 1, np.float64), _view(bmeta, s, 2, np.float64),
+                    _view(bmeta, s, 0, np.int64), _view(bmeta, s, 1, np.float32), _view(bmeta, s, 2, np.float32),
                     _view(bmeta, s, 4, np.int32),
                     BLOCK, local, weights, acc[:nd], touched[:nd + 1], id_rank[lo:hi], np.int64(s) << 32,
                     hv, hr, hd, n, theta, prune_min == 0, stats)
