@@ -55,7 +55,7 @@ class _Kernels:
 
 kernels = _Kernels()
 _DEFAULT = BM25Params()
-PRUNE_MIN_POSTINGS = 30_000  # see BM25Retriever.prune_min_postings
+PRUNE_MIN_POSTINGS = 8_000  # see BM25Retriever.prune_min_postings
 RESCORE_MIN_POSTINGS = 64  # see BM25Retriever.rescore_min_postings
 DENSE_MIN_DOCS = 65_536  # see BM25Retriever.dense_min_docs
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
@@ -174,8 +174,11 @@ class BM25Retriever:
         # pruning's bookkeeping costs more than the postings it skips (there, 10K-100K made no
         # difference: no query reaches them). At 1M synthetic documents with block maxima, 30K
         # was the fastest threshold tried at k=10 (100K and 200K slower) and equal at k=100
-        # (bench/RESULTS.md, "Notes: figures moved from code comments"). 0 prunes wherever
-        # the bounds allow (tests).
+        # (bench/RESULTS.md, "Notes: figures moved from code comments"). Since `_prune_pays`
+        # estimates theta from the rarest terms' postings too (issue 50), 8K was ~10% faster
+        # than 30K on the Zipf corpus's short questions at k=10 and within noise (1-3%) of it
+        # on every other workload of both corpora at 1M, k=10 and 100; 2K was no better than
+        # 8K. 0 prunes wherever the bounds allow (tests).
         self.prune_min_postings = PRUNE_MIN_POSTINGS
         # The exhaustive kernels read the stored impact levels (``_impacts32``) and rescore
         # their candidates exactly where a query has at least this many postings per (k, term)

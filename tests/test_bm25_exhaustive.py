@@ -125,12 +125,13 @@ def test_choosing_pruning_per_query_keeps_the_answers(monkeypatch, use_impacts):
     r.rescore_min_postings = 0
     r.dense_min_docs = 0
     queries = _queries(words, n=100, seed=36) + [{w: 1} for w in words[:40]]  # one common term: prunable
-    meta = r._shard_args("lucene-byte4")[0]
+    meta, proto = r._shard_args("lucene-byte4")[:2]
+    den, itab = r._table(_DEFAULT)
     chosen = []
     for terms in queries:
         gids, w = r._canonical(terms)
         if len(gids):
-            chosen.append(kernels._prune_pays(meta, r._blocks(_DEFAULT), gids, w, 10))
+            chosen.append(kernels._prune_pays(meta, r._blocks(_DEFAULT), proto, den, itab, *r._buffers(), gids, w, 10))
     assert 5 <= sum(chosen) <= len(chosen) - 5, sum(chosen)  # both paths taken
     before = int(r.prune_stats[0])
     texts = _texts(queries)
@@ -288,3 +289,35 @@ def test_shards_with_uint16_and_int32_tfs_answer_as_the_reference(monkeypatch):
             r.prune_min_postings, r.rescore_min_postings = prune, rescore
             for k in (10, 100):
                 assert [_ranked(r, t, k) for t in queries] == [_reference(r, t, k) for t in queries], (widths, prune)
+
+
+@needs_numba
+def test_a_rare_term_beside_common_ones_is_pruned():
+    """A query of one rare term (one block: its k-th block maximum bounds nothing) and two
+    terms in every document: ``kernels._prune_pays`` reads the rare term's few postings for
+    a k-th partial score, which rules out every block of the common terms, so the query is
+    pruned, and it answers as the reference at k=10 and k=100. Before, only the block
+    maxima's bound was known there (the common terms' 10th block maximum at their small
+    weight), nothing was ruled out, and the query was scored exhaustively."""
+    rng = np.random.default_rng(41)
+    docs = []
+    for i in range(16000):
+        d = list(rng.choice(["alpha", "beta", "filler"], size=int(rng.integers(5, 60)), p=[0.3, 0.3, 0.4]))
+        d += ["alpha", "beta"]  # in every document: the smallest weights
+        if i % 500 == 0:
+            d += ["rare"] * int(rng.integers(1, 4))
+        docs.append(d)
+    ids = [f"d{i:05d}" for i in range(len(docs))]
+    r = _with_impacts(_index(docs, ids, 1))
+    r.prune_min_postings = 1  # every query asks _prune_pays
+    terms = {"rare": 1, "alpha": 1, "beta": 1}
+    gids, w = r._canonical(terms)
+    meta, proto = r._shard_args("lucene-byte4")[:2]
+    den, itab = r._table(_DEFAULT)
+    assert kernels._prune_pays(meta, r._blocks(_DEFAULT), proto, den, itab, *r._buffers(), gids, w, 10)
+    acc = r._buffers()[0]
+    assert not acc.any()  # left zero for the scoring that follows
+    before = int(r.prune_stats[0])
+    for k in (10, 100):
+        assert _ranked(r, terms, k) == _reference(r, terms, k)
+    assert int(r.prune_stats[0]) > before  # pruned: the candidates went sorted

@@ -45,8 +45,8 @@ from ._jit import BOUNDS_CHECK, HAVE_NUMBA, load_copy, package_stamp
 from .layout import (BLOCK, BLOCK_DTYPES, DENSE_DIVISOR, FAULT_BLOCKS, FAULT_DOCS, FAULT_FILES, FAULT_IMPACTS,
                      FAULT_INDPTR, FAULT_NO_SHARD, FAULT_REASONS, FAULT_TERMS, FAULT_TFS, FIELD_DTYPES, FIELDS,
                      HEAP_K, IMPACT_DTYPE, IMPACT_LEVELS, IMPACT_STEP, KTH_BLOCKS, NO_BLOCKS, NO_IMPACTS,
-                     PREFETCH_AHEAD, PRUNE_SKIP, SCAN, SMALL_SORT, block_bounds32, block_table, fault_parts,
-                     impact_table, shard_table, tf_dtype)
+                     PREFETCH_AHEAD, PRUNE_LOOKUP, PRUNE_SKIP, SCAN, SMALL_SORT, block_bounds32, block_table,
+                     fault_parts, impact_table, shard_table, tf_dtype)
 
 if HAVE_NUMBA:
     from .blockmax import _prune_pays, _score_shard_blocks, _theta_from_blocks, _theta_may_pay, block_maxima

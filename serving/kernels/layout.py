@@ -53,8 +53,16 @@ DENSE_DIVISOR = 16
 # A query is pruned (block-max) only where the bounds known before reading a posting already
 # rule out this share of its postings (``_prune_pays``). At 1M documents (Zipf and topical
 # corpora, natural-language and short queries, per query, one thread) pruning won 98% of
-# the queries above 0.97, about 70% between 0.93 and 0.97, and under half below 0.9.
+# the queries above 0.97, about 70% between 0.93 and 0.97, and under half below 0.9. With
+# the rarest terms' k-th partial score in the estimate too (issue 50), 0.85 and 0.75 were no
+# better overall in a sweep over both corpora's workloads at 1M (within noise on four of five).
 PRUNE_SKIP = 0.92
+# Postings streamed in the time of one candidate lookup in a term's blocks, as `_prune_pays`
+# charges the documents its rarest terms bring in (``serving/masked.py``'s CANDIDATE_COST,
+# measured for the masked kernels' lookups). Without that charge, long questions at k=10
+# were pruned where their rarest terms' k-th let most blocks go, and ran 12% slower on the
+# Zipf corpus at 1M: each of those thousands of documents looked up in a dozen terms.
+PRUNE_LOOKUP = 8
 # Scores per run that the dense read-back compares with its bar at once (``_offer_dense``).
 SCAN = 64
 # The build's stored impacts for the default (k1, b) (``impacts.npy``, ``posting_levels``):
