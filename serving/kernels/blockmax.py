@@ -226,7 +226,14 @@ def _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weight
         n += sizes[by_size[n_pick]]
         top += weights[by_size[n_pick]] * tmax[local[by_size[n_pick]]] * (1.0 + 1e-9) + 1e-12
         n_pick += 1
-    if n < k or top <= theta or _skipped(indptr, bstart, bmax, local, weights, rest, top) < enough:
+    others = 0  # the query's terms in the shard
+    for i in range(T):
+        others += local[i] >= 0
+    # The documents those terms bring in are looked up in each other term (below): at least
+    # as many as the largest of them holds.
+    if n < k or sizes[by_size[n_pick - 1]] * (others - n_pick) * PRUNE_LOOKUP > post - enough:
+        return False
+    if top <= theta or _skipped(indptr, bstart, bmax, local, weights, rest, top) < enough:
         return False  # not even the largest theta they could give would skip enough
     docs = _view(meta, s, 1, np.int32)
     tfs = _view(meta, s, 2, code_proto[1].dtype)
@@ -236,11 +243,8 @@ def _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weight
         return False  # damaged (-1), or no higher than the bound already tried
     if _skipped(indptr, bstart, bmax, local, weights, rest, kth * (1.0 - 1e-9)) < enough:
         return False
-    # The documents those terms bring in are looked up in each other term: their cost too
-    # must stay within what exhaustive scoring would spend beyond the skipped share.
-    others = 0
-    for i in range(T):
-        others += local[i] >= 0
+    # Their lookups too must stay within what exhaustive scoring would spend beyond the
+    # skipped share.
     return m * (others - n_pick) * PRUNE_LOOKUP <= post - enough
 
 
