@@ -142,7 +142,7 @@ def block_bounds32(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     of the k-th score, ``_theta_from_blocks``) rounded down. Pruning only ever compares a bound
     with the k-th score, so a bound a float32 step looser prunes the same or less and the
     results keep their documents and bits; 4 bytes a block and 16 a term less than float64
-    (issue 50: 0.26 of the Zipf corpus's 2.81 bytes a posting)."""
+    (issue 50: 0.25 of the Zipf corpus's 2.81 bytes a posting at 1M)."""
     bstart, bmax, tmax, tkth, blast = arrays
     return (np.ascontiguousarray(bstart, dtype=np.int64), _float32(bmax, True), _float32(tmax, True),
             _float32(tkth, False), np.ascontiguousarray(blast, dtype=np.int32))

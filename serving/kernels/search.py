@@ -62,7 +62,8 @@ def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_prot
     empty and ``acc`` is not zeroed (the caller zeroes it).
     """
     if prune_min < 0 or gids.shape[0] == 0 or weights.min() <= 0.0 or (
-            prune_min > 0 and bmeta.shape[0] > 0 and not _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weights, k)):
+            prune_min > 0 and bmeta.shape[0] > 0 and
+            not _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weights, k)):
         return search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
                                    acc, touched, table, itab, gids, weights, k)
     S = meta.shape[0]
