@@ -199,11 +199,14 @@ def _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weight
     bmax = _view(bmeta, s, 1, np.float32)
     tmax = _view(bmeta, s, 2, np.float32)
     T = local.shape[0]
+    sizes = np.empty(T, dtype=np.int64)  # each term's postings here, read once
     post = 0
+    others = 0  # the query's terms in the shard
     for i in range(T):
         li = local[i]
-        if li >= 0:
-            post += indptr[li + 1] - indptr[li]
+        sizes[i] = indptr[li + 1] - indptr[li] if li >= 0 else 0
+        post += sizes[i]
+        others += li >= 0
     rest = np.zeros(T + 1)  # as _score_shard_blocks computes it
     for i in range(T - 1, -1, -1):
         ub = weights[i] * tmax[local[i]] if local[i] >= 0 else 0.0
@@ -215,9 +218,9 @@ def _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weight
     if skip >= enough:
         return theta > 0.0
     # The terms with the fewest postings here, while they hold at most 1/64 of the query's.
-    sizes = np.empty(T, dtype=np.int64)
     for i in range(T):
-        sizes[i] = indptr[local[i] + 1] - indptr[local[i]] if local[i] >= 0 else post + 1
+        if local[i] < 0:
+            sizes[i] = post + 1  # absent here: never picked
     by_size = np.argsort(sizes)
     n_pick = 0
     n = 0
@@ -226,9 +229,6 @@ def _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weight
         n += sizes[by_size[n_pick]]
         top += weights[by_size[n_pick]] * tmax[local[by_size[n_pick]]] * (1.0 + 1e-9) + 1e-12
         n_pick += 1
-    others = 0  # the query's terms in the shard
-    for i in range(T):
-        others += local[i] >= 0
     # The documents those terms bring in are looked up in each other term (below): at least
     # as many as the largest of them holds.
     if n < k or sizes[by_size[n_pick - 1]] * (others - n_pick) * PRUNE_LOOKUP > post - enough:
