@@ -95,6 +95,10 @@ def add_document(vocab: dict[str, int], doc: int, tokens: Sequence[str],
         tfs.append(c)
 
 
+#: Postings `_place_runs` moves at a time (8 bytes of positions each).
+PLACE_POSTINGS = 1 << 22
+
+
 class PostingsBuilder:
     """Inverts documents one at a time (local id = order added) into a `ShardPostings`.
 
@@ -116,15 +120,23 @@ class PostingsBuilder:
 
     def __init__(self):
         self.vocab: dict[str, int] = {}
-        self.tids, self.dids, self.tfs = array("i"), array("i"), array("i")
+        # The postings so far: documents and tfs, one each a posting, in the order added; the
+        # term ids as runs (a term and how many postings in a row are its): a stream chunk's
+        # postings come sorted by term, so its runs are its distinct terms, a few per 100
+        # postings, where one id a posting held 4 bytes of each (~1/3 of the build's peak).
+        self.rterms, self.rcounts = array("i"), array("i")
+        self.dids, self.tfs = array("i"), array("i")
         self.doclen = array("i")
         self._word_ids: dict[str, tuple[int, ...]] = {}  # word -> its terms' ids (add_text)
         self._stream, self._lens = array("i"), array("i")  # pending documents of add_text
 
     def add(self, tokens: Sequence[str]) -> None:
-        self._flush()
-        self.doclen.append(len(tokens))
-        add_document(self.vocab, len(self.doclen) - 1, tokens, self.tids, self.dids, self.tfs)
+        """One analyzed document, through the pending stream as `add_text`'s."""
+        vocab = self.vocab
+        self._stream.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
+        self._lens.append(len(tokens))
+        if len(self._stream) >= self.STREAM_TOKENS:
+            self._flush()
 
     def add_text(self, text: str, analyzer) -> None:
         """``add(analyzer.analyze(text))``, faster (see the class docstring)."""
@@ -160,8 +172,12 @@ class PostingsBuilder:
             starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
             self.tfs.frombytes(np.diff(np.append(starts, len(key))).astype(np.int32).tobytes())
             key = key[starts]
-            self.tids.frombytes((key // n).astype(np.int32).tobytes())
             self.dids.frombytes((key % n + first).astype(np.int32).tobytes())
+            tids = (key // n).astype(np.int32)
+            del key
+            runs = np.flatnonzero(np.concatenate(([True], tids[1:] != tids[:-1])))
+            self.rterms.frombytes(tids[runs].tobytes())
+            self.rcounts.frombytes(np.diff(np.append(runs, len(tids))).astype(np.int32).tobytes())
         self.doclen.frombytes(lens.tobytes())
         self._stream, self._lens = array("i"), array("i")
 
@@ -170,47 +186,67 @@ class PostingsBuilder:
         self._word_ids = {}  # add_text's cache is done with: freed before the sort's peak
         vocab = self.vocab
         terms = sorted(vocab)
-        # Remap first-seen ids to sorted order, then sort postings by (term, doc).
-        # int32 ids (4 bytes a posting, not int64's 8), and the documents and tfs read in place
-        # by the counting sort: the sort's outputs are the only copies (the build's peak).
+        # Remap first-seen ids to sorted order (the runs' ids: a few per 100 postings), then
+        # sort postings by (term, doc): the documents and tfs read in place by the counting
+        # sort, whose outputs are the only copies (the build's peak).
         remap = np.empty(len(vocab), dtype=np.int32)
         for new, t in enumerate(terms):
             remap[vocab[t]] = new
-        # Remapped in place, a slice at a time: no second copy of the term ids.
-        tid_arr = np.frombuffer(self.tids, dtype=np.int32) if len(self.tids) else np.zeros(0, np.int32)
-        for lo in range(0, len(tid_arr), 1 << 20):
-            tid_arr[lo:lo + (1 << 20)] = remap[tid_arr[lo:lo + (1 << 20)]]
+        rterm = remap[np.frombuffer(self.rterms, dtype=np.int32)] if len(self.rterms) else np.zeros(0, np.int32)
+        rcount = np.frombuffer(self.rcounts, dtype=np.int32) if len(self.rcounts) else np.zeros(0, np.int32)
+        self.rterms = array("i")
         did_arr = np.frombuffer(self.dids, dtype=np.int32)
         tf_arr = np.frombuffer(self.tfs, dtype=np.int32)
-        df = np.bincount(tid_arr, minlength=len(terms)).astype(np.int64)
+        # float64 sums of int32 counts: exact (a shard holds below 2**53 postings)
+        df = np.bincount(rterm, weights=rcount, minlength=len(terms)).astype(np.int64)
         indptr = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
         # Postings arrive in document order for every term (documents are added in order;
-        # a stream chunk's pairs are sorted by (term, doc)), so placing each at its term's
-        # next free slot, in arrival order, sorts them by (term, doc): a counting sort
-        # (~30x cheaper than lexsort's two comparison sorts at 12M postings).
-        # The tfs are narrowed to uint16 first where they fit (as tfs.npy stores them), and the
-        # two arrays are placed one after the other: at most ~14 bytes a posting are held
-        # (term ids 4, documents 4 in and 4 out, tfs 2), not 20.
-        from funnel.serving import kernels
+        # a stream chunk's pairs are sorted by (term, doc)), so each term's postings are its
+        # runs in arrival order, one after the other: the runs put in term order (a stable
+        # sort of the runs, not the postings) and each array concatenated from its runs' slices
+        # is sorted by (term, doc), without NumPy's sort of the postings or numba (a Ray shard
+        # worker that never imports numba holds ~160 MiB less; ``finalize_shard`` in the driver
+        # runs the kernels). The tfs are narrowed to uint16 first where they fit (as tfs.npy
+        # stores them), and the two arrays are placed one after the other: at most ~10 bytes
+        # a posting are held (documents 4 in and 4 out, tfs 2).
         tf_arr = narrow_tfs(tf_arr)
         self.tfs = array("i")  # narrowed, the int32 tfs are gone (else the view keeps them)
-        if kernels.HAVE_NUMBA and len(tid_arr):
-            did_arr = kernels.place_values(tid_arr, did_arr, indptr)
-            self.dids = array("i")
-            tf_arr = kernels.place_values(tid_arr, tf_arr, indptr)
-        else:
-            order = np.lexsort((did_arr, tid_arr))
-            did_arr, tf_arr = did_arr[order], tf_arr[order]
-            del order
-        del tid_arr
-        self.tids = self.dids = self.tfs = array("i")  # the views above are gone: free the buffers
+        # Each run's first slot: the runs in term order (stable: each term's in arrival order)
+        # are the postings' final order, one after the other.
+        order = np.argsort(rterm, kind="stable")
+        dest = np.empty(len(order), dtype=np.int64)
+        sizes = rcount[order]
+        dest[order] = np.cumsum(sizes, dtype=np.int64) - sizes
+        del order, sizes, rterm
+        did_arr = _place_runs(did_arr, rcount, dest)
+        self.dids = array("i")
+        tf_arr = _place_runs(tf_arr, rcount, dest)
+        del dest, rcount
+        self.rterms = self.rcounts = array("i")  # the views above are gone: free the buffers
         # Every term has a posting, so its tfs are the run from indptr[t] on: summed in place
         # (bincount's float64 weights would add 8 bytes a posting at the peak).
         cf = (np.add.reduceat(tf_arr, indptr[:-1], dtype=np.int64) if len(tf_arr)
               else np.zeros(len(terms), dtype=np.int64))
         doclen = np.frombuffer(self.doclen, dtype=np.int32).copy()
         return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
+
+
+def _place_runs(values: np.ndarray, rcount: np.ndarray, dest: np.ndarray) -> np.ndarray:
+    """``values`` (runs one after the other, run i ``rcount[i]`` long) with run i moved to
+    ``dest[i]`` on (a new array): vectorized a few million postings at a time, so the
+    positions it computes (8 bytes a posting) never span the shard."""
+    out = np.empty_like(values)
+    src = np.zeros(len(rcount) + 1, dtype=np.int64)
+    np.cumsum(rcount, out=src[1:])
+    r0, n = 0, len(rcount)
+    while r0 < n:
+        r1 = min(max(int(np.searchsorted(src, src[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
+        pos = np.repeat(dest[r0:r1] - src[r0:r1], rcount[r0:r1])
+        pos += np.arange(src[r0], src[r1], dtype=np.int64)
+        out[pos] = values[src[r0]:src[r1]]
+        r0 = r1
+    return out
 
 
 def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:

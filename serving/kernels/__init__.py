@@ -51,7 +51,7 @@ from .layout import (BLOCK, BLOCK_DTYPES, DENSE_DIVISOR, FAULT_BLOCKS, FAULT_DOC
 if HAVE_NUMBA:
     from .blockmax import _prune_pays, _score_shard_blocks, _theta_from_blocks, _theta_may_pay, block_maxima
     from .checks import _bad_posting, _blocks_ok, _range_ok
-    from .decode import (_impact, _impact_u, _quantize, place_values, posting_impacts,
+    from .decode import (_impact, _impact_u, _quantize, posting_impacts,
                          posting_levels, term_bounds)
     from .exhaustive import (_accumulate, _accumulate_dense, _approx_keep, _approx_margin, _offer_dense,
                              _search_approx, search_shards_plain)
@@ -64,4 +64,4 @@ if HAVE_NUMBA:
 else:
     search_shards = search_batch = search_shards_plain = search_batch_plain = None
     search_batch_weighted = search_batch_weighted_plain = search_masked_shards = None
-    term_bounds = block_maxima = sira_batch = posting_impacts = posting_levels = place_values = None
+    term_bounds = block_maxima = sira_batch = posting_impacts = posting_levels = None

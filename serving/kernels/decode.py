@@ -10,7 +10,7 @@ does keep one (`posting_impacts`, the same float64 values): the exhaustive paths
 one number per posting instead of a tf, a length code and a grid cell. A larger index has
 the build's impacts for the default (k1, b) quantized to 16-bit levels (`posting_levels`,
 ``impacts.npy``, ``layout.IMPACT_*``), which ``exhaustive._search_approx`` reads. The build
-also places its postings (`place_values`) and bounds each term (`term_bounds`) here.
+also bounds each term here (`term_bounds`).
 """
 
 from __future__ import annotations
@@ -145,20 +145,6 @@ def posting_levels(docs, tfs, code, table, itab):
     approximate pass, whose candidates are then rescored exactly (``_rescore_shard``).
     Raises ``errors.ShardFault`` as `posting_impacts` does."""
     return _impacts_or_fault(docs, tfs, code, table, itab, np.empty(docs.shape[0], dtype=IMPACT_DTYPE), True)
-
-
-@jit
-def place_values(tids, values, indptr):
-    """``values`` with each moved to its term's next free slot (``indptr[t]`` on), in input
-    order: the build's counting sort (``PostingsBuilder.finish``), one array at a time so it
-    holds one output at a time."""
-    nxt = indptr[:-1].copy()
-    out = np.empty(values.shape[0], dtype=values.dtype)
-    for i in range(tids.shape[0]):
-        t = tids[i]
-        out[nxt[t]] = values[i]
-        nxt[t] += 1
-    return out
 
 
 @jit
