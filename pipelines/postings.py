@@ -95,8 +95,8 @@ def add_document(vocab: dict[str, int], doc: int, tokens: Sequence[str],
         tfs.append(c)
 
 
-#: Postings `_place_runs` moves at a time (8 bytes of positions each).
-PLACE_POSTINGS = 1 << 22
+#: Postings `_Placement.place` hands over at a time (8 bytes of positions each).
+PLACE_POSTINGS = 1 << 20
 
 
 class PostingsBuilder:
@@ -125,7 +125,8 @@ class PostingsBuilder:
         # postings come sorted by term, so its runs are its distinct terms, a few per 100
         # postings, where one id a posting held 4 bytes of each (~1/3 of the build's peak).
         self.rterms, self.rcounts = array("i"), array("i")
-        self.dids, self.tfs = array("i"), array("i")
+        # tfs as uint16 (as tfs.npy stores them), int32 once a tf above 65,535 arrives
+        self.dids, self.tfs = array("i"), array("H")
         self.doclen = array("i")
         self._word_ids: dict[str, tuple[int, ...]] = {}  # word -> its terms' ids (add_text)
         self._stream, self._lens = array("i"), array("i")  # pending documents of add_text
@@ -170,7 +171,11 @@ class PostingsBuilder:
         key.sort()
         if len(key):
             starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-            self.tfs.frombytes(np.diff(np.append(starts, len(key))).astype(np.int32).tobytes())
+            tfs = np.diff(np.append(starts, len(key)))
+            if self.tfs.typecode == "H" and tfs.max() > np.iinfo(np.uint16).max:
+                self.tfs = array("i", self.tfs)  # widened once (a document repeating a word 65,536 times)
+            self.tfs.frombytes(tfs.astype(np.uint16 if self.tfs.typecode == "H" else np.int32).tobytes())
+            del tfs
             key = key[starts]
             self.dids.frombytes((key % n + first).astype(np.int32).tobytes())
             tids = (key // n).astype(np.int32)
@@ -182,71 +187,142 @@ class PostingsBuilder:
         self._stream, self._lens = array("i"), array("i")
 
     def finish(self) -> ShardPostings:
+        """The shard's postings, in memory."""
+        plan = self._plan()
+        docs = np.empty(plan.n, dtype=np.int32)
+        plan.place(plan.dids, lambda a, e, v: docs.__setitem__(slice(a, e), v))
+        plan.dids = None
+        self.dids = array("i")  # the documents in arrival order are gone
+        tfs = np.empty(plan.n, dtype=plan.tfs.dtype)
+        plan.place(plan.tfs, lambda a, e, v: tfs.__setitem__(slice(a, e), v))
+        return plan.postings(docs, tfs)
+
+    def finish_to(self, shard_dir: str) -> ShardPostings:
+        """`finish`, and `write_shard` of it, the documents and tfs written as they are
+        placed, a million at a time: the placed arrays are never whole in memory (the peak
+        holds the arriving ones, ~6 bytes a posting, not ~10). The returned postings'
+        documents and tfs are the written files, memory-mapped."""
+        plan = self._plan()
+        os.makedirs(shard_dir, exist_ok=True)
+        _stream_npy(os.path.join(shard_dir, "docs.npy"), np.int32, plan.n,
+                    lambda put: plan.place(plan.dids, lambda a, e, v: put(v)))
+        plan.dids = None
+        self.dids = array("i")  # the documents in arrival order are gone
+        _stream_npy(os.path.join(shard_dir, "tfs.npy"), plan.tfs.dtype, plan.n,
+                    lambda put: plan.place(plan.tfs, lambda a, e, v: put(v)))
+        post = plan.postings(np.load(os.path.join(shard_dir, "docs.npy"), mmap_mode="r"),
+                             np.load(os.path.join(shard_dir, "tfs.npy"), mmap_mode="r"))
+        _write_shard_rest(shard_dir, post)
+        return post
+
+    def _plan(self) -> "_Placement":
+        """Everything `finish` needs but the placed arrays: the terms in order, df, cf, indptr,
+        the documents and tfs in arrival order, and where each run of them goes."""
         self._flush()
         self._word_ids = {}  # add_text's cache is done with: freed before the sort's peak
         vocab = self.vocab
         terms = sorted(vocab)
-        # Remap first-seen ids to sorted order (the runs' ids: a few per 100 postings), then
-        # sort postings by (term, doc): the documents and tfs read in place by the counting
-        # sort, whose outputs are the only copies (the build's peak).
+        # Remap first-seen ids to sorted order: the runs' ids, a few per 100 postings.
         remap = np.empty(len(vocab), dtype=np.int32)
         for new, t in enumerate(terms):
             remap[vocab[t]] = new
         rterm = remap[np.frombuffer(self.rterms, dtype=np.int32)] if len(self.rterms) else np.zeros(0, np.int32)
+        del remap
         rcount = np.frombuffer(self.rcounts, dtype=np.int32) if len(self.rcounts) else np.zeros(0, np.int32)
-        self.rterms = array("i")
-        did_arr = np.frombuffer(self.dids, dtype=np.int32)
-        tf_arr = np.frombuffer(self.tfs, dtype=np.int32)
-        # float64 sums of int32 counts: exact (a shard holds below 2**53 postings)
+        self.rterms = self.rcounts = array("i")  # the views hold what they need
+        did_arr = np.frombuffer(self.dids, dtype=np.int32) if len(self.dids) else np.zeros(0, np.int32)
+        tf_arr = (np.frombuffer(self.tfs, dtype=np.uint16 if self.tfs.typecode == "H" else np.int32)
+                  if len(self.tfs) else np.zeros(0, np.uint16))
+        tf_arr = narrow_tfs(tf_arr)  # where widened: uint16 again unless a tf above 65,535 is left
+        self.tfs = array("H")  # the view holds what it needs (else the int32 tfs outlive the narrowing)
+        src = np.zeros(len(rcount) + 1, dtype=np.int64)  # each run's first posting, in arrival order
+        np.cumsum(rcount, out=src[1:])
+        # float64 sums of int32 counts and of a run's tfs: exact (a shard holds below 2**53 postings)
         df = np.bincount(rterm, weights=rcount, minlength=len(terms)).astype(np.int64)
+        run_tf = _run_sums(tf_arr, src)
+        cf = np.bincount(rterm, weights=run_tf, minlength=len(terms)).astype(np.int64)
+        del run_tf
         indptr = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
         # Postings arrive in document order for every term (documents are added in order;
         # a stream chunk's pairs are sorted by (term, doc)), so each term's postings are its
         # runs in arrival order, one after the other: the runs put in term order (a stable
-        # sort of the runs, not the postings) and each array concatenated from its runs' slices
-        # is sorted by (term, doc), without NumPy's sort of the postings or numba (a Ray shard
-        # worker that never imports numba holds ~160 MiB less; ``finalize_shard`` in the driver
-        # runs the kernels). The tfs are narrowed to uint16 first where they fit (as tfs.npy
-        # stores them), and the two arrays are placed one after the other: at most ~10 bytes
-        # a posting are held (documents 4 in and 4 out, tfs 2).
-        tf_arr = narrow_tfs(tf_arr)
-        self.tfs = array("i")  # narrowed, the int32 tfs are gone (else the view keeps them)
-        # Each run's first slot: the runs in term order (stable: each term's in arrival order)
-        # are the postings' final order, one after the other.
+        # sort of the runs, not of the postings) are the postings' final order, without
+        # NumPy's sort of the postings or numba (a Ray shard worker that never imports numba
+        # holds ~160 MiB less; ``finalize_shard``, in the driver, runs the kernels).
         order = np.argsort(rterm, kind="stable")
-        dest = np.empty(len(order), dtype=np.int64)
-        sizes = rcount[order]
-        dest[order] = np.cumsum(sizes, dtype=np.int64) - sizes
-        del order, sizes, rterm
-        did_arr = _place_runs(did_arr, rcount, dest)
-        self.dids = array("i")
-        tf_arr = _place_runs(tf_arr, rcount, dest)
-        del dest, rcount
-        self.rterms = self.rcounts = array("i")  # the views above are gone: free the buffers
-        # Every term has a posting, so its tfs are the run from indptr[t] on: summed in place
-        # (bincount's float64 weights would add 8 bytes a posting at the peak).
-        cf = (np.add.reduceat(tf_arr, indptr[:-1], dtype=np.int64) if len(tf_arr)
-              else np.zeros(len(terms), dtype=np.int64))
+        del rterm
         doclen = np.frombuffer(self.doclen, dtype=np.int32).copy()
-        return ShardPostings(terms, df, cf, indptr, did_arr, tf_arr, doclen)
+        return _Placement(terms, df, cf, indptr, doclen, did_arr, tf_arr, src[:-1][order], rcount[order])
 
 
-def _place_runs(values: np.ndarray, rcount: np.ndarray, dest: np.ndarray) -> np.ndarray:
-    """``values`` (runs one after the other, run i ``rcount[i]`` long) with run i moved to
-    ``dest[i]`` on (a new array): vectorized a few million postings at a time, so the
-    positions it computes (8 bytes a posting) never span the shard."""
-    out = np.empty_like(values)
-    src = np.zeros(len(rcount) + 1, dtype=np.int64)
-    np.cumsum(rcount, out=src[1:])
-    r0, n = 0, len(rcount)
+def _run_sums(values: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Each run's sum of ``values`` (run i: ``values[src[i]:src[i + 1]]``, none empty) as int64,
+    `PLACE_POSTINGS` values at a time: ``reduceat`` with an int64 sum converts the array it
+    reads to int64 first (8 bytes a posting, the shard's whole at once)."""
+    out = np.zeros(len(src) - 1, dtype=np.int64)
+    r0, n = 0, len(src) - 1
     while r0 < n:
         r1 = min(max(int(np.searchsorted(src, src[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
-        pos = np.repeat(dest[r0:r1] - src[r0:r1], rcount[r0:r1])
-        pos += np.arange(src[r0], src[r1], dtype=np.int64)
-        out[pos] = values[src[r0]:src[r1]]
+        out[r0:r1] = np.add.reduceat(values[src[r0]:src[r1]], src[r0:r1] - src[r0], dtype=np.int64)
         r0 = r1
     return out
+
+
+class _Placement:
+    """`PostingsBuilder._plan`: the runs in their final order (``src``: each one's first
+    posting in arrival order, ``cnt``: its length), and `place`, which hands an array's
+    postings over in that order, `PLACE_POSTINGS` at a time."""
+
+    def __init__(self, terms, df, cf, indptr, doclen, dids, tfs, src, cnt):
+        self.terms, self.df, self.cf, self.indptr, self.doclen = terms, df, cf, indptr, doclen
+        self.dids, self.tfs, self.src, self.cnt = dids, tfs, src, cnt
+        self.n = int(indptr[-1])
+        self.dst = np.zeros(len(cnt) + 1, dtype=np.int64)  # each run's first slot
+        np.cumsum(cnt, out=self.dst[1:])
+
+    def place(self, values: np.ndarray, put) -> None:
+        """``put(a, e, placed[a:e])`` for consecutive ranges [a, e) covering ``values`` placed:
+        each range's positions (8 bytes a posting) computed at once, never the shard's."""
+        r0, n, dst = 0, len(self.cnt), self.dst
+        while r0 < n:
+            r1 = min(max(int(np.searchsorted(dst, dst[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
+            pos = np.repeat(self.src[r0:r1] - dst[r0:r1], self.cnt[r0:r1])
+            pos += np.arange(dst[r0], dst[r1], dtype=np.int64)
+            put(int(dst[r0]), int(dst[r1]), values[pos])
+            del pos
+            r0 = r1
+
+    def postings(self, docs, tfs) -> ShardPostings:
+        return ShardPostings(self.terms, self.df, self.cf, self.indptr, docs, tfs, self.doclen)
+
+
+def _stream_npy(path: str, dtype, n: int, fill) -> None:
+    """A ``.npy`` of ``n`` items of ``dtype`` written as ``fill(put)`` hands it pieces in
+    order, at a unique temporary name, fsynced, renamed (as `save_npy_atomic`)."""
+    import uuid
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    got = 0
+    try:
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)})
+
+            def put(v: np.ndarray) -> None:
+                nonlocal got
+                f.write(np.ascontiguousarray(v, dtype=dtype).tobytes())
+                got += len(v)
+
+            fill(put)
+            if got != n:
+                raise RuntimeError(f"{path}: {got} items written of {n}")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:
@@ -269,9 +345,14 @@ def narrow_tfs(tfs: np.ndarray) -> np.ndarray:
 
 def write_shard(shard_dir: str, p: ShardPostings) -> None:
     os.makedirs(shard_dir, exist_ok=True)
-    save_npy_atomic(os.path.join(shard_dir, "indptr.npy"), p.indptr)
     save_npy_atomic(os.path.join(shard_dir, "docs.npy"), p.docs)
     save_npy_atomic(os.path.join(shard_dir, "tfs.npy"), narrow_tfs(p.tfs))
+    _write_shard_rest(shard_dir, p)
+
+
+def _write_shard_rest(shard_dir: str, p: ShardPostings) -> None:
+    """`write_shard`'s files but ``docs.npy`` and ``tfs.npy``."""
+    save_npy_atomic(os.path.join(shard_dir, "indptr.npy"), p.indptr)
     save_npy_atomic(os.path.join(shard_dir, "doclen.npy"), p.doclen)
     table = pa.table({"term": pa.array(p.terms, pa.string()),
                       "df": pa.array(p.df, pa.int64()), "cf": pa.array(p.cf, pa.int64())})

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from .analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
 from .docstore import write_store_table
-from .postings import PostingsBuilder, write_shard
+from .postings import PostingsBuilder
 
 #: Documents analyzed between two ``progress`` calls of `build_lexical_shard`.
 PROGRESS_EVERY = 1000
@@ -151,8 +151,8 @@ def index_shard_docs(shard: int, out_dir: str, analyzer_config: AnalyzerConfig |
     pa.default_memory_pool().release_unused()
     if progress is not None and n % PROGRESS_EVERY:
         progress(n % PROGRESS_EVERY)
-    post = builder.finish()
-    write_shard(os.path.join(out_dir, "lexical", name), post)
+    del analyzer  # its word cache (up to WORD_CACHE_SIZE words) is done with before the sort's peak
+    post = builder.finish_to(os.path.join(out_dir, "lexical", name))
     return {"n_docs_nonempty": int(np.count_nonzero(post.doclen)),
             "total_terms": post.total_terms, "n_terms": len(post.terms)}
 
@@ -180,8 +180,8 @@ def rebuild_lexical_shard(out_dir: str, shard: int, extra_tokens: dict[int, list
     builder = PostingsBuilder()
     for i, (ti, x) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
         builder.add(analyzer.analyze(flat_document(ti, x)) + list(extra_tokens.get(i, ())))
-    post = builder.finish()
-    write_shard(os.path.join(out_dir, "lexical", name), post)
+    del t, analyzer
+    post = builder.finish_to(os.path.join(out_dir, "lexical", name))
     return {"n_docs": post.n_docs, "n_docs_nonempty": int(np.count_nonzero(post.doclen)),
             "total_terms": post.total_terms, "n_terms": len(post.terms)}
 

@@ -49,7 +49,7 @@ def _reference(texts, analyzer):
     cf = np.array([sum(n for (tok, _), n in rows.items() if tok == t) for t in terms], dtype=np.int64)
     return postings.ShardPostings(terms, df, cf, np.concatenate([[0], np.cumsum(df)]).astype(np.int64),
                                   np.array([d for _, d in keys], dtype=np.int32),
-                                  np.array([rows[k] for k in keys], dtype=np.uint16),
+                                  postings.narrow_tfs(np.array([rows[k] for k in keys], dtype=np.int32)),
                                   np.array(lens, dtype=np.int32))
 
 
@@ -130,3 +130,28 @@ def test_a_tf_above_uint16_keeps_int32_tfs(monkeypatch):
     assert got.docs.tolist() == [0, 2, 0, 1, 1, 2] and got.cf.tolist() == [70_001, 2, 3]
     monkeypatch.setattr(postings, "PLACE_POSTINGS", 1)
     assert _same(postings.build_postings(docs), got)
+
+
+@pytest.mark.parametrize("place", [3, 1 << 20])
+def test_finish_to_writes_the_files_write_shard_writes(monkeypatch, tmp_path, place):
+    """``finish_to`` (the build's: the placed postings streamed to the shard's files) writes
+    byte for byte what ``write_shard(finish())`` writes, and returns the same postings, its
+    documents and tfs mapped from the files; a tf above 65,535 keeps int32 tfs there too."""
+    monkeypatch.setattr(postings, "PLACE_POSTINGS", place)
+    a = Analyzer()
+    for texts in (_texts(seed=5), ["big " * 70_000 + "small", "small other", ""]):
+        b1, b2 = PostingsBuilder(), PostingsBuilder()
+        for t in texts:
+            b1.add_text(t, a)
+            b2.add_text(t, a)
+        want = b1.finish()
+        postings.write_shard(str(tmp_path / "a"), want)
+        got = b2.finish_to(str(tmp_path / "b"))
+        assert _same(got, want) and _same(got, _reference(texts, a))
+        assert isinstance(got.docs, np.memmap)
+        names = sorted(p.name for p in (tmp_path / "a").iterdir())
+        assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+        assert names == ["doclen.npy", "docs.npy", "indptr.npy", "terms.parquet", "tfs.npy"]
+        for n in names:
+            assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    assert np.load(tmp_path / "b" / "tfs.npy").dtype == np.int32
