@@ -12,7 +12,7 @@ corpus size (one per 256 MiB, or per ``--shard-mib``) unless ``--shards`` is giv
 (`choose_shards`); on Ray a shard's size bounds a shard task's memory. The manifest's
 ``build.engine``, ``build.shards`` and ``build.ray`` say what ran and why. The driver
 holds chunk descriptions and one summary row per shard, never the corpus; on Ray, workers
-add their progress to a counter actor that the driver logs every few seconds.
+add their progress to a counter in Ray's key-value store that the driver logs every few seconds.
 
 Ray workers need no disk shared with the driver: they write its staging folder in place only
 on a Ray that runs on this machine alone (`choose_worker_files`, ``--[no-]shared-disk``).
@@ -292,28 +292,14 @@ def max_restarts(ray_info: dict) -> dict:
 
 
 def progress_counter():
-    """A Ray actor the workers add their progress to (fire and forget); the driver polls it."""
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class BuildProgress:
-        def __init__(self):
-            self.counts: dict[str, dict[str, int]] = {}
-
-        def add(self, stage: str, **counts: int) -> None:
-            c = self.counts.setdefault(stage, {})
-            for k, v in counts.items():
-                c[k] = c.get(k, 0) + int(v)
-
-        def get(self) -> dict[str, dict[str, int]]:
-            return self.counts
-
-    return BuildProgress.remote()
+    """The counter the workers add their progress to and the driver polls
+    (``funnel.jobs.progress_counter``: Ray's key-value store, not an actor process)."""
+    from funnel.jobs.progress_counter import ProgressCounter
+    return ProgressCounter()
 
 
 def _counts(counter, stage: str) -> dict[str, int]:
-    import ray
-    return ray.get(counter.get.remote(), timeout=10).get(stage, {})
+    return counter.get().get(stage, {})
 
 
 #: Test-only fault injection (tests/test_faults_ray_workers.py), ``STAGE:N:MARKER``: the Ray
@@ -364,7 +350,7 @@ def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=N
     if die is not None:
         die(chunk.index)
     if counter is not None:
-        counter.add.remote("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
+        counter.add("read", chunks=1, docs=len(res.rows), rejects=len(res.rejects))
     report = {"chunk": chunk.index, "path": chunk.path, "lines": res.lines, "rows": len(res.rows),
               "rejects": res.rejects}
     if spill_to is not None:
@@ -401,7 +387,7 @@ def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, cou
     del parts
     tmp = tempfile.mkdtemp(prefix=f"funnel-shard-{shard:04d}-") if ship else None
     dirs = (os.path.join(tmp, "out"), os.path.join(tmp, "work")) if ship else (out_dir, work_dir)
-    progress = (lambda n: counter.add.remote("index", docs=n)) if counter is not None else None
+    progress = (lambda n: counter.add("index", docs=n)) if counter is not None else None
     try:
         docs = write_shard_docs(rows, shard, *dirs)
         del rows
@@ -414,7 +400,7 @@ def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, cou
     if die is not None:  # after the shard's files are written: the retry writes them again
         die(shard)
     if counter is not None:
-        counter.add.remote("index", shards=1)
+        counter.add("index", shards=1)
     yield from result_rows(shard, s, tmp)
 
 
@@ -704,9 +690,9 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     staging = new_staging_dir(local)
     work = os.path.join(local, ".work-" + os.path.basename(staging).split("-", 1)[1])
     os.makedirs(work)
+    counter = None
     try:
         ray_info: dict = {}
-        counter = None
         t = time.time()
         if engine_name == "ray":
             ray_info = init_ray(num_cpus)
@@ -829,6 +815,8 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if counter is not None:
+            counter.close()
     secs = round(time.time() - t0, 2)
     log.info("published %s/%s: %d docs, %d rejects, %.1fs, engine %s", out, version, n_docs, n_rejects, secs,
              engine_name)

@@ -79,7 +79,7 @@ def runtime_label(fingerprint: dict) -> str:
 
 
 def _counted_embed_cls():
-    """``EmbedBatch`` that adds each batch to the build's progress counter (a Ray actor)."""
+    """``EmbedBatch`` that adds each batch to the build's progress counter (``jobs.progress_counter``)."""
     import ray
 
     from funnel.pipelines.embed import EmbedBatch
@@ -102,12 +102,10 @@ def _counted_embed_cls():
                 n = len(out["embedding"])
                 # Rows are passages where documents were split: a document is counted at its first.
                 docs = int((out["ordinal"] == 0).sum()) if "ordinal" in out else n
-                # Waited for: Ray orders one caller's calls, not this actor's against the
-                # driver's, so a driver reading the counter after the last batch could
-                # otherwise miss this batch (reindex reports its vectors from these counts).
+                # Written before add returns, so a driver reading the counter after the last
+                # batch sees it (reindex reports its vectors from these counts).
                 try:
-                    ray.get(self.counter.add.remote("embed", docs=docs, vectors=n,
-                                                    cached=n - (self.embedded - before)), timeout=60)
+                    self.counter.add("embed", docs=docs, vectors=n, cached=n - (self.embedded - before))
                 except Exception as e:  # a count is a report, never worth a failed batch
                     log.warning("embedding progress counter unreachable (%s): counts may be short", e)
             return out
@@ -207,7 +205,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     document into passages first (a map stage, ``split_batch``): one vector per passage, their
     spans in ``staging/passages``. Disabled, each document is embedded whole (its first window).
 
-    ``counter`` is the build's progress actor (see ``build_index``): with it, a line with
+    ``counter`` is the build's progress counter (see ``build_index``): with it, a line with
     documents embedded, rate and ETA is logged every ``progress_seconds``.
     ``actor_options`` go to the actor pool's ``map_batches`` (e.g. ``max_restarts``).
     ``ship``: the workers share no disk with this process; they get the documents through the
@@ -271,7 +269,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     ds = ds.select_columns(["shard", "local_id", "embedding"] + span_columns)
 
     def status() -> Status:
-        c = ray.get(counter.get.remote(), timeout=10).get("embed", {})
+        c = counter.get().get("embed", {})
         done, vectors, cached = c.get("docs", 0), c.get("vectors", 0), c.get("cached", 0)
         detail = [f"{vectors:,} passages"] if split is not None else []
         detail += [f"{cached:,} from the cache"] if cached else []

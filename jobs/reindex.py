@@ -267,7 +267,8 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
     if spool.count:
         spool.finish()
     shutil.rmtree(out_dir + "-spill", ignore_errors=True)
-    c = ray.get(counter.get.remote(), timeout=30).get("embed", {})
+    c = counter.get().get("embed", {})
+    counter.close()
     if release_ray:
         ray.shutdown()
         log.info("ray: stopped the local Ray this reindex started (nothing left to run on it); "

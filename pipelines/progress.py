@@ -1,7 +1,7 @@
 """Progress of a long build stage as one log line every few seconds: stage, done, rate, ETA.
 
 Pure (no Ray): the build job gives `ProgressLog` a ``poll()`` that reads its
-counters (in the Ray job, a counter actor that the workers add to), and the log line
+counters (in the Ray job, a counter in Ray's key-value store that the workers add to), and the log line
 works on any terminal and in any log file, where Ray Data's progress bars are off.
 
     embed: 1,234 of 5,183 documents (24%), 21.3 documents/s, ETA 3m05s
