@@ -284,6 +284,35 @@ def save_npy_atomic(path: str, array) -> None:
     os.replace(tmp, path)
 
 
+def save_npy_streamed(path: str, dtype, n: int, fill) -> None:
+    """`save_npy_atomic` of a one-dimensional array of ``n`` items of ``dtype`` that is never
+    whole in memory: ``fill(put)`` hands it over in pieces, in order (the temporary file is
+    removed if it fails, or hands over other than ``n`` items)."""
+    import numpy as np
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    got = 0
+    try:
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)})
+
+            def put(v) -> None:
+                nonlocal got
+                f.write(np.ascontiguousarray(v, dtype=dtype).tobytes())
+                got += len(v)
+
+            fill(put)
+            if got != n:
+                raise RuntimeError(f"{path}: {got} items written of {n}")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def save_arrow_atomic(path: str, table) -> None:
     """An Arrow table as one uncompressed IPC file (one record batch, so a reader memory-maps
     each column as one array) at a unique temporary name, fsynced, renamed over ``path``."""

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import WORD_CACHE_SIZE
-from .artifacts import save_npy_atomic, write_json_atomic
+from .artifacts import save_npy_atomic, save_npy_streamed, write_json_atomic
 
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
 #: The posting files a packed shard holds in packed form instead (`pack_shard`).
@@ -102,11 +102,11 @@ PLACE_POSTINGS = 1 << 20
 class PostingsBuilder:
     """Inverts documents one at a time (local id = order added) into a `ShardPostings`.
 
-    Nothing per token outlives `add`: the postings so far are three typed arrays
-    (4 bytes per field, no Python int objects), so a shard of 250K documents holds ~12
-    bytes per posting while it is built instead of ~100 for lists of every document's
-    tokens and Python ints, and the peak follows the shard's postings, not its token
-    stream. The result equals `build_postings` of the same token lists.
+    Nothing per token outlives `add`: the postings so far are typed arrays (no Python int
+    objects): 4-byte documents, 2-byte tfs, and the term ids as runs, a few per 100 postings,
+    so a shard holds ~6 bytes a posting while it is built instead of ~100 for lists of every
+    document's tokens and Python ints, and the peak follows the shard's postings, not its
+    token stream. The result equals `build_postings` of the same token lists.
 
     `add_text` analyzes and adds in one step without a Python step per token: each
     distinct word maps (once) to its terms' ids, a document's ids are appended to a
@@ -204,12 +204,12 @@ class PostingsBuilder:
         documents and tfs are the written files, memory-mapped."""
         plan = self._plan()
         os.makedirs(shard_dir, exist_ok=True)
-        _stream_npy(os.path.join(shard_dir, "docs.npy"), np.int32, plan.n,
-                    lambda put: plan.place(plan.dids, lambda a, e, v: put(v)))
+        save_npy_streamed(os.path.join(shard_dir, "docs.npy"), np.int32, plan.n,
+                          lambda put: plan.place(plan.dids, lambda a, e, v: put(v)))
         plan.dids = None
         self.dids = array("i")  # the documents in arrival order are gone
-        _stream_npy(os.path.join(shard_dir, "tfs.npy"), plan.tfs.dtype, plan.n,
-                    lambda put: plan.place(plan.tfs, lambda a, e, v: put(v)))
+        save_npy_streamed(os.path.join(shard_dir, "tfs.npy"), plan.tfs.dtype, plan.n,
+                          lambda put: plan.place(plan.tfs, lambda a, e, v: put(v)))
         post = plan.postings(np.load(os.path.join(shard_dir, "docs.npy"), mmap_mode="r"),
                              np.load(os.path.join(shard_dir, "tfs.npy"), mmap_mode="r"))
         _write_shard_rest(shard_dir, post)
@@ -256,16 +256,23 @@ class PostingsBuilder:
         return _Placement(terms, df, cf, indptr, doclen, did_arr, tf_arr, src[:-1][order], rcount[order])
 
 
+def _batches(bounds: np.ndarray):
+    """Consecutive run ranges [r0, r1) of runs [bounds[i], bounds[i + 1]) (ascending, none
+    empty) holding about `PLACE_POSTINGS` postings each (one run alone where it is larger)."""
+    r0, n = 0, len(bounds) - 1
+    while r0 < n:
+        r1 = min(max(int(np.searchsorted(bounds, bounds[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
+        yield r0, r1
+        r0 = r1
+
+
 def _run_sums(values: np.ndarray, src: np.ndarray) -> np.ndarray:
     """Each run's sum of ``values`` (run i: ``values[src[i]:src[i + 1]]``, none empty) as int64,
     `PLACE_POSTINGS` values at a time: ``reduceat`` with an int64 sum converts the array it
     reads to int64 first (8 bytes a posting, the shard's whole at once)."""
     out = np.zeros(len(src) - 1, dtype=np.int64)
-    r0, n = 0, len(src) - 1
-    while r0 < n:
-        r1 = min(max(int(np.searchsorted(src, src[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
+    for r0, r1 in _batches(src):
         out[r0:r1] = np.add.reduceat(values[src[r0]:src[r1]], src[r0:r1] - src[r0], dtype=np.int64)
-        r0 = r1
     return out
 
 
@@ -284,45 +291,15 @@ class _Placement:
     def place(self, values: np.ndarray, put) -> None:
         """``put(a, e, placed[a:e])`` for consecutive ranges [a, e) covering ``values`` placed:
         each range's positions (8 bytes a posting) computed at once, never the shard's."""
-        r0, n, dst = 0, len(self.cnt), self.dst
-        while r0 < n:
-            r1 = min(max(int(np.searchsorted(dst, dst[r0] + PLACE_POSTINGS, side="right")) - 1, r0 + 1), n)
+        dst = self.dst
+        for r0, r1 in _batches(dst):
             pos = np.repeat(self.src[r0:r1] - dst[r0:r1], self.cnt[r0:r1])
             pos += np.arange(dst[r0], dst[r1], dtype=np.int64)
             put(int(dst[r0]), int(dst[r1]), values[pos])
             del pos
-            r0 = r1
 
     def postings(self, docs, tfs) -> ShardPostings:
         return ShardPostings(self.terms, self.df, self.cf, self.indptr, docs, tfs, self.doclen)
-
-
-def _stream_npy(path: str, dtype, n: int, fill) -> None:
-    """A ``.npy`` of ``n`` items of ``dtype`` written as ``fill(put)`` hands it pieces in
-    order, at a unique temporary name, fsynced, renamed (as `save_npy_atomic`)."""
-    import uuid
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    got = 0
-    try:
-        with open(tmp, "wb") as f:
-            np.lib.format.write_array_header_1_0(
-                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)})
-
-            def put(v: np.ndarray) -> None:
-                nonlocal got
-                f.write(np.ascontiguousarray(v, dtype=dtype).tobytes())
-                got += len(v)
-
-            fill(put)
-            if got != n:
-                raise RuntimeError(f"{path}: {got} items written of {n}")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def build_postings(token_lists: Sequence[Sequence[str]]) -> ShardPostings:

@@ -84,7 +84,7 @@ def test_add_text_equals_adding_the_analyzed_tokens(monkeypatch, stream_tokens):
 
 @pytest.mark.parametrize("place", [1, 5, 1 << 22])
 def test_runs_placed_a_few_postings_at_a_time_give_the_same_arrays(monkeypatch, place):
-    """``finish`` moves the postings run by run (``_place_runs``), ``PLACE_POSTINGS`` at a time:
+    """``finish`` moves the postings run by run (``_Placement.place``), ``PLACE_POSTINGS`` at a time:
     one, a few, or all at once, with small and large stream chunks, the plain inversion's
     arrays every time."""
     monkeypatch.setattr(postings, "PLACE_POSTINGS", place)
