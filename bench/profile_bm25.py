@@ -125,10 +125,11 @@ def main(argv=None) -> None:
         def run():
             if prune_min < 0:
                 K.search_batch_plain(meta, K.NO_IMPACTS, imeta32, rescore_min, dense_min, proto, doc_off, id_rank,
-                                     acc, touched, den, itab, ix.index.idf, qptr, qgids, k, *out)
+                                     acc, touched, den, itab, ix.index.idf, qptr, qgids, k, *out, b._all_decoded())
             else:
                 K.search_batch(meta, bm, K.NO_IMPACTS, imeta32, rescore_min, dense_min, proto, doc_off, id_rank, acc,
-                               touched, den, itab, ix.index.idf, qptr, qgids, k, prune_min, stats, *out)
+                               touched, den, itab, ix.index.idf, qptr, qgids, k, prune_min, stats, *out,
+                               b._all_decoded())
         return run
 
     def touched_grid(s, sh, loc, w):

@@ -202,6 +202,7 @@ class BM25Retriever:
         self._tables: dict[BM25Params, np.ndarray] = {}
         self._impact_args: dict[BM25Params, tuple] = {}  # (imeta, arrays it points into): see _impacts
         self._impact32_args = None  # (imeta32, stored arrays it points into): see _impacts32
+        self._packed_args = None  # (pmeta, arrays it points into, level grid): see _packed_pk
         self._tls = threading.local()
         self._lock = threading.Lock()
         # Whitespace-delimited chunk of ASCII query text -> global ids of its analyzed terms
@@ -265,6 +266,45 @@ class BM25Retriever:
                     self._kernel_args[length_norm] = args
         return args
 
+    def _all_decoded(self) -> tuple:
+        """The kernels' ``pk`` where every term a query reads is decoded (plain shards, or
+        packed ones with the query's terms pinned: `_pinned`)."""
+        return (kernels.NO_PACKED, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=kernels.IMPACT_DTYPE))
+
+    def _packed_pk(self, params: BM25Params) -> tuple | None:
+        """(pmeta, arrays it points into, level grid) where shards are packed and ``params``
+        let the exhaustive approximate pass read their terms from their blocks (the default
+        parameters, stored levels in use: `_impacts32`), else None."""
+        cache = getattr(self.index, "postings_cache", None)
+        if cache is None or params != _DEFAULT or self.rescore_min_postings < 0 or \
+                self._impacts32(params).shape[0] == 0:
+            return None
+        if self._packed_args is None:
+            with self._lock:
+                if self._packed_args is None:
+                    from .kernels import packed as codec
+                    _, itab = impact_tables(_DEFAULT, self.index.avgdl, 255)
+                    pmeta, keep = kernels.packed_table([getattr(s, "packed", None) for s in self.index.shards])
+                    self._packed_args = (pmeta, keep, codec.level_grid(itab))
+        return self._packed_args
+
+    def _run_packed(self, gids: np.ndarray, params: BM25Params, call: Callable) -> tuple:
+        """``call(pk)``, a kernel over one query's terms ``gids``: where shards are packed,
+        first with the terms that fit the postings cache pinned and the rest read from their
+        blocks (``PostingsCache.fitting``), again with every term pinned where the kernel
+        answers ``NEED_DECODED``; elsewhere with the terms pinned (`_pinned`)."""
+        got = self._packed_pk(params)
+        if got is None:
+            with self._pinned(gids):
+                return call(self._all_decoded())
+        with self.index.postings_cache.fitting(gids) as (poff, pids):
+            out = call((got[0], poff, pids, got[2]))
+        if out[2] != kernels.NEED_DECODED:
+            return out
+        with self._pinned(gids):
+            return call(self._all_decoded())
+
     def _pinned(self, gids: np.ndarray):
         """A context in which every term of ``gids`` is readable by the kernels: decoded and
         kept where shards are packed (``serving.packed``), nothing to do otherwise."""
@@ -279,12 +319,15 @@ class BM25Retriever:
             return [(0, len(qptr) - 1)]
         return cache.batch_cuts(qptr, qgids, np.asarray(self.index.df, dtype=np.int64) * cache.posting_bytes)
 
-    def _by_cuts(self, qptr: np.ndarray, qgids: np.ndarray, run: Callable) -> int:
+    def _by_cuts(self, qptr: np.ndarray, qgids: np.ndarray, run: Callable, params: BM25Params) -> int:
         """A batch kernel over the batch's parts (`_cuts`), each part's terms pinned while it
-        runs: ``run(i0, i1, qptr, qgids, prune)`` gets queries [i0, i1) (their term pointers
-        rebased, their term ids) and whether their largest may reach the pruning threshold
-        (`_batch_may_prune`), and returns the kernel's fault; the first fault stops the batch
-        and is returned (0: none)."""
+        runs: ``run(i0, i1, qp, qg, prune, pk)`` gets queries [i0, i1) (their term pointers
+        rebased, their term ids), whether their largest may reach the pruning threshold
+        (`_batch_may_prune`) and the kernels' ``pk``, and returns the kernel's fault; the
+        first fault stops the batch and is returned (0: none). Where shards are packed and
+        the approximate pass may read their blocks: `_by_fitting` instead."""
+        if self._packed_pk(params) is not None:
+            return self._by_fitting(qptr, qgids, run, params)
         cuts = self._cuts(qptr, qgids)
         cache = getattr(self.index, "postings_cache", None)
         if cache is None or len(cuts) == 1:
@@ -295,9 +338,35 @@ class BM25Retriever:
             for i, (i0, i1) in enumerate(cuts):
                 qp, qg = qptr[i0:i1 + 1] - qptr[i0], qgids[qptr[i0]:qptr[i1]]
                 with pinned(i):
-                    fault = run(i0, i1, qp, qg, self._batch_may_prune(qp, qg))
+                    fault = run(i0, i1, qp, qg, self._batch_may_prune(qp, qg), self._all_decoded())
                 if fault:
                     return fault
+        return 0
+
+    def _by_fitting(self, qptr: np.ndarray, qgids: np.ndarray, run: Callable, params: BM25Params) -> int:
+        """`_by_cuts` over packed shards: the whole batch in one call with the terms that fit
+        the postings cache pinned (``PostingsCache.fitting``: the most used first) and the
+        rest read from their blocks by the approximate pass; a query that takes another path
+        (pruning, few postings) and needs a term not pinned stops the call (``-(q + 1)``),
+        is answered alone with all its terms pinned, and the batch goes on after it."""
+        got = self._packed_pk(params)
+        cache = self.index.postings_cache
+        n = len(qptr) - 1
+        with cache.fitting(qgids) as (poff, pids):
+            pk = (got[0], poff, pids, got[2])
+            i = 0
+            while i < n:
+                qp, qg = qptr[i:] - qptr[i], qgids[qptr[i]:]
+                fault = run(i, n, qp, qg, self._batch_may_prune(qp, qg), pk)
+                if fault >= 0:
+                    return fault
+                q = i - fault - 1
+                qp, qg = qptr[q:q + 2] - qptr[q], qgids[qptr[q]:qptr[q + 1]]
+                with cache.pinned(qg):
+                    fault = run(q, q + 1, qp, qg, self._batch_may_prune(qp, qg), self._all_decoded())
+                if fault:
+                    return fault
+                i = q + 1
         return 0
 
     def _may_prune(self, postings: int) -> bool:
@@ -482,15 +551,16 @@ class BM25Retriever:
                 den, itab = self._table(params)
                 ex = self._plain_args(params)  # held while the kernel runs
 
-                def run(i0, i1, qp, qg, prune):
+                def run(i0, i1, qp, qg, prune, pk):
                     if prune:
                         return kernels.search_batch(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc,
                                                     touched, den, itab, self.index.idf, qp, qg, k,
                                                     self.prune_min_postings, self.prune_stats, pos[i0:i1],
-                                                    score[i0:i1], cnt[i0:i1])
+                                                    score[i0:i1], cnt[i0:i1], pk)
                     return kernels.search_batch_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den, itab,
-                                                      self.index.idf, qp, qg, k, pos[i0:i1], score[i0:i1], cnt[i0:i1])
-                fault = self._by_cuts(qptr, qgids, run)
+                                                      self.index.idf, qp, qg, k, pos[i0:i1], score[i0:i1], cnt[i0:i1],
+                                                      pk)
+                fault = self._by_cuts(qptr, qgids, run, params)
             except ShardFault as e:
                 raise self.fault_error(e) from None
             if fault:
@@ -547,16 +617,16 @@ class BM25Retriever:
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
 
-            def run(i0, i1, qp, qg, prune):
+            def run(i0, i1, qp, qg, prune, pk):
                 o = qptr[i0]
                 qs, qr, part = qsplit[i0:i1] - o, qraw[o:qptr[i1]], tuple(x[i0:i1] for x in out)
                 if prune:
                     return kernels.search_batch_weighted(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank,
                                                          acc, touched, den, itab, self.index.idf, qp, qs, qg, qr, k,
-                                                         self.prune_min_postings, self.prune_stats, *part)
+                                                         self.prune_min_postings, self.prune_stats, *part, pk)
                 return kernels.search_batch_weighted_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
-                                                           itab, self.index.idf, qp, qs, qg, qr, k, *part)
-            fault = self._by_cuts(qptr, qgids, run)
+                                                           itab, self.index.idf, qp, qs, qg, qr, k, *part, pk)
+            fault = self._by_cuts(qptr, qgids, run, params)
         except ShardFault as e:
             raise self.fault_error(e) from None
         if fault:
@@ -622,15 +692,16 @@ class BM25Retriever:
             acc, touched = self._buffers()
             den, itab = self._table(params)
             ex = self._plain_args(params)  # held while the kernel runs
-            with self._pinned(gids):
-                if not self._may_prune(int(np.asarray(self.index.df)[gids].sum())):
-                    dn, sc, fault = kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched,
-                                                                den, itab, gids, ws, k)
-                else:
-                    dn, sc, fault = kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off,
-                                                          id_rank, acc, touched, den, itab, gids, ws, k,
-                                                          self.prune_min_postings if ws.min() > 0 else -1,
-                                                          self.prune_stats)
+            prune = self._may_prune(int(np.asarray(self.index.df)[gids].sum()))
+
+            def call(pk):
+                if not prune:
+                    return kernels.search_shards_plain(meta, *ex[:4], proto, doc_off, id_rank, acc, touched, den,
+                                                       itab, gids, ws, k, pk)
+                return kernels.search_shards(meta, self._blocks(params), *ex[:4], proto, doc_off, id_rank, acc,
+                                             touched, den, itab, gids, ws, k,
+                                             self.prune_min_postings if ws.min() > 0 else -1, self.prune_stats, pk)
+            dn, sc, fault = self._run_packed(gids, params, call)
             if fault:
                 raise self.fault_error(fault)
             return dn, sc

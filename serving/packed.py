@@ -421,6 +421,81 @@ class PostingsCache:
         finally:
             self._give(keys)
 
+    @contextmanager
+    def fitting(self, gids: np.ndarray):
+        """Pin the terms of ``gids`` (global ids; a repeat is one more query using the term)
+        that fit the budget, for the exhaustive approximate pass, which reads every other
+        term from its packed blocks (``kernels.accumulate_packed``): those decoded already,
+        then those not, the most used first, each decoded where it fits beside the terms
+        pinned, making room by giving back unpinned terms that ``gids`` does not use, least
+        recently used first. Nothing outgrows the budget, and no term of this batch is
+        given back to make room for another of it (which would decode them again and
+        again: reading a term from its blocks costs about twice reading it decoded,
+        decoding it about five times). Yields (``poff``, ``pids``): per shard, the local
+        terms pinned, ascending (``pids[poff[s]:poff[s + 1]]``, the kernels' ``pk``)."""
+        g, uses = np.unique(np.asarray(gids, dtype=np.int64), return_counts=True)
+        wanted = []  # (-uses, shard, local term)
+        for s, sh in enumerate(self.shards):
+            if sh.packed is not None:
+                li = sh.local_terms(g)
+                ok = li >= 0
+                wanted += zip((-uses[ok]).tolist(), [s] * int(ok.sum()), li[ok].tolist())
+        wanted.sort()
+        want = {(s, t) for _, s, t in wanted}
+        keys: list[tuple[int, int]] = []
+        with self._lock:
+            self._tick += 1
+            todo: dict[int, list[int]] = {}
+            reserved = 0
+            full = self._all  # nothing more to give back (`_room` gave back all it could)
+            for _, s, t in wanted:
+                if (s, t) in self._lru:
+                    keys.append((s, t))
+                    continue
+                p = self.shards[s].packed
+                n = p.term_bytes(*p.span(t))
+                if self.used + reserved + n > self.budget:
+                    if full or not self._room(reserved + n, want):
+                        full = True
+                        continue
+                todo.setdefault(s, []).append(t)
+                reserved += n
+            for s, ts in todo.items():  # a damaged block raises here, before any pin
+                self._decode(s, np.array(sorted(ts), dtype=np.int64))
+                keys += [(s, t) for t in ts]
+            for key in keys:
+                self._lru.move_to_end(key)
+                self._used_at[key] = self._tick
+                self._pins[key] = self._pins.get(key, 0) + 1
+        by = sorted(keys)
+        poff = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        for s, _ in by:
+            poff[s + 1] += 1
+        poff = np.cumsum(poff)
+        pids = np.array([t for _, t in by], dtype=np.int64)
+        try:
+            yield poff, pids
+        finally:
+            self._give(keys)
+
+    def _room(self, n: int, want: set) -> bool:
+        """Give back unpinned terms outside ``want``, least recently used first, until ``n``
+        more bytes fit the budget; whether they do (the caller holds the lock)."""
+        out: dict[int, list] = {}
+        for key in list(self._lru):
+            if self.used + n <= self.budget:
+                break
+            if key in self._pins or key in want:
+                continue
+            size, a, e = self._lru.pop(key)
+            self._used_at.pop(key, None)
+            self._next.pop(key, None)
+            self.used -= size
+            out.setdefault(key[0], []).append((key[1], a, e))
+        for s, spans in out.items():
+            self.shards[s].packed.release(spans)
+        return self.used + n <= self.budget
+
     def pin_all(self) -> None:
         """Decode every term of every packed shard and keep them all (SIRA's batch kernel)."""
         if self._all:

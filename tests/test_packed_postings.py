@@ -104,14 +104,17 @@ def test_a_packed_index_answers_exactly_as_the_plain_one(pair):
 
 
 def test_a_cache_smaller_than_one_query_still_answers_exactly(pair, monkeypatch):
-    """A budget of 2 KB: every query decodes its terms again and gives them back after,
-    so what stays decoded never passes the budget once a query is done."""
+    """A budget of 2 KB: the approximate pass reads the terms that do not fit from their
+    blocks, and a query with other parameters (which reads decoded postings only) decodes
+    its terms and gives them back after, so what stays decoded never passes the budget
+    once a query is done."""
     plain, packed, _ = pair
     monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(2048 / (1 << 20)))
     assert _answers(packed) == _answers(plain)
     with Searcher(packed) as s:
         for q in QUERIES:
             s.search(q, mode="bm25", k=10)
+            s.search(q, mode="bm25", k=10, k1=1.3, b=0.6)
         cache = s._current.index.postings_cache
         assert cache.budget == 2048 and cache.used <= cache.budget and not cache._pins
         assert cache.decoded_bytes > cache.budget  # it did decode, and give back
@@ -178,10 +181,11 @@ def test_a_batch_that_outgrows_the_cache_decodes_less_when_run_again(pair, monke
     answer as the plain index does."""
     plain, packed, _ = pair
     qs = {str(i): q for i, q in enumerate(QUERIES + [f"{a} {b}" for a, b in zip(QUERIES, QUERIES[1:])])}
+    bm = {"k1": 1.3, "b": 0.6}  # not the default parameters: every term is read decoded
     with Searcher(plain) as s:
-        want = s.search_batch(qs, mode="bm25", k=10)
+        want = s.search_batch(qs, mode="bm25", k=10, **bm)
     with Searcher(packed) as s:  # the batch's terms, decoded once with room for all of them
-        s.search_batch(qs, mode="bm25", k=10)
+        s.search_batch(qs, mode="bm25", k=10, **bm)
         whole = s._current.index.postings_cache.used
     monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(whole / 2 / (1 << 20)))
     with Searcher(packed) as s:
@@ -189,13 +193,98 @@ def test_a_batch_that_outgrows_the_cache_decodes_less_when_run_again(pair, monke
         runs = []
         for _ in range(3):
             before = cache.decoded_bytes
-            assert s.search_batch(qs, mode="bm25", k=10) == want
+            assert s.search_batch(qs, mode="bm25", k=10, **bm) == want
             runs.append(cache.decoded_bytes - before)
         assert not cache._pins and not cache._ahead and not cache._starts and cache.used <= cache.budget
     assert runs[0] >= whole  # the first run decodes everything
     # Least recently used first: each later run decoded twice the batch's terms (4.0x over the
     # two; 276,992 bytes each for 138,496 when this test was written); now 2.5x.
     assert runs[1] + runs[2] <= 3 * whole, (runs, whole)
+
+
+def _kernel_answers(root: str, k_list=(1, 10, 100), tune=None) -> tuple[list, object]:
+    """(answers, the postings cache or None): every query of QUERIES and their pairs, one by
+    one and as one batch, at each k, with the retriever tuned by ``tune(retriever)`` first."""
+    qs = QUERIES + [f"{a} {b}" for a, b in zip(QUERIES, QUERIES[1:])] + [" ".join(QUERIES)]
+    out = []
+    with Searcher(root) as s:
+        if tune:
+            tune(s._current.bm25)
+        for k in k_list:
+            out += [[(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=k).hits] for q in qs]
+            out.append(s.search_batch({str(i): q for i, q in enumerate(qs)}, mode="bm25", k=k))
+        return out, s._current.index.postings_cache
+
+
+@pytest.mark.parametrize("budget", [0, 4096, None])
+@pytest.mark.parametrize("dense", [True, False])
+def test_terms_read_from_their_blocks_score_and_rescore_exactly(pair, monkeypatch, budget, dense):
+    """The approximate pass reads a packed term the cache does not hold straight from its
+    blocks (``kernels.accumulate_packed``) and rescores its candidates by looking their tfs
+    up in them (``kernels.packed_tfs``): with nothing decoded (budget 0), some terms decoded
+    (4 KB) and all of them (the default budget), every query on every path of that pass
+    (the dense read-back and the touched list; every query takes the pass: rescore_min 0)
+    answers with the plain index's documents and scores, one by one and in a batch."""
+    plain, packed, _ = pair
+    if budget is not None:
+        monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(budget / (1 << 20)))
+
+    def tune(r):
+        r.rescore_min_postings = 0
+        r.dense_min_docs = 0 if dense else -1
+        r.prune_min_postings = -1
+    want, _ = _kernel_answers(plain, tune=tune)
+    got, cache = _kernel_answers(packed, tune=tune)
+    assert got == want
+    assert not cache._pins and cache.used <= cache.budget
+    if budget == 0:  # nothing was decoded for it
+        assert cache.decoded_bytes == 0
+
+
+def test_a_query_that_prunes_decodes_its_terms_and_answers_exactly(pair, monkeypatch):
+    """Pruning reads decoded postings only: with the cache too small to hold a query's terms,
+    the kernel answers ``NEED_DECODED`` for a query that prunes, which is then answered alone
+    with every term pinned, and the batch goes on after it: the plain index's answers."""
+    plain, packed, _ = pair
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", "0")
+
+    def tune(r):
+        r.prune_min_postings = 0  # prune wherever the bounds allow
+        r.rescore_min_postings = 0
+    want, _ = _kernel_answers(plain, k_list=(3, 10), tune=tune)
+    got, cache = _kernel_answers(packed, k_list=(3, 10), tune=tune)
+    assert got == want
+    assert cache.decoded_bytes > 0 and cache.used == 0 and not cache._pins
+
+
+def test_a_batch_that_outgrows_the_cache_decodes_at_most_the_budget(pair, monkeypatch):
+    """With the default parameters a batch pins the terms that fit the budget, the most used
+    first, and reads the rest from their blocks: it decodes no more than the budget, the
+    same batch run again decodes nothing more, and the answers are the plain index's."""
+    plain, packed, _ = pair
+    qs = {str(i): q for i, q in enumerate(QUERIES + [f"{a} {b}" for a, b in zip(QUERIES, QUERIES[1:])])}
+
+    def tune(r):
+        r.rescore_min_postings = 0
+        r.prune_min_postings = -1
+    with Searcher(plain) as s:
+        tune(s._current.bm25)
+        want = s.search_batch(qs, mode="bm25", k=10)
+    with Searcher(packed) as s:
+        tune(s._current.bm25)
+        s.search_batch(qs, mode="bm25", k=10)
+        whole = s._current.index.postings_cache.used
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", str(whole / 2 / (1 << 20)))
+    with Searcher(packed) as s:
+        tune(s._current.bm25)
+        cache = s._current.index.postings_cache
+        runs = []
+        for _ in range(3):
+            before = cache.decoded_bytes
+            assert s.search_batch(qs, mode="bm25", k=10) == want
+            runs.append(cache.decoded_bytes - before)
+        assert not cache._pins and cache.used <= cache.budget
+    assert 0 < runs[0] <= whole / 2 and runs[1] == runs[2] == 0, (runs, whole)
 
 
 def _resident_pages(arr: np.ndarray) -> int:
@@ -221,7 +310,9 @@ def test_a_cache_of_nothing_gives_every_decoded_page_back(pair, monkeypatch):
     with Searcher(packed) as s:
         for q in QUERIES:
             s.search(q, mode="bm25", k=10)
+            s.search(q, mode="bm25", k=10, k1=1.3, b=0.6)  # these decode their terms
         s.search_batch({str(i): q for i, q in enumerate(QUERIES)}, mode="bm25", k=10)
+        s.search_batch({str(i): q for i, q in enumerate(QUERIES)}, mode="bm25", k=10, k1=1.3, b=0.6)
         idx = s._current.index
         assert idx.postings_cache.used == 0 and idx.postings_cache.decoded_bytes > 0
         for sh in idx.shards:

@@ -24,8 +24,10 @@ One module per role, each with its share of the story in its docstring:
 * ``search.py``: ``search_shards`` and the batch entry points.  ``sira.py``: ``sira_batch``.
 * ``masked.py``: the kernels behind ``serving/masked.py``.
 * ``packed.py``: the codec of packed postings (``funnel build --postings packed``): the build
-  packs with it, and ``serving/packed.py`` decodes a query's terms into the plain arrays every
-  kernel above reads.
+  packs with it, ``serving/packed.py`` decodes the terms its cache holds into the plain arrays
+  every kernel above reads, and the exhaustive approximate pass reads the other terms of a
+  query straight from their blocks (``accumulate_packed``, ``packed_tfs``; ``pk`` in
+  ``exhaustive.search_shards_plain``).
 
 The disk cache, solved once: numba's ``cache=True`` keys a compiled function on the hash of
 its own source file only, but a kernel's machine code has the helpers it calls from other
@@ -43,10 +45,10 @@ from __future__ import annotations
 
 from ._jit import BOUNDS_CHECK, HAVE_NUMBA, load_copy, package_stamp
 from .layout import (BLOCK, BLOCK_DTYPES, DENSE_DIVISOR, FAULT_BLOCKS, FAULT_DOCS, FAULT_FILES, FAULT_IMPACTS,
-                     FAULT_INDPTR, FAULT_NO_SHARD, FAULT_REASONS, FAULT_TERMS, FAULT_TFS, FIELD_DTYPES, FIELDS,
-                     HEAP_K, IMPACT_DTYPE, IMPACT_LEVELS, IMPACT_STEP, KTH_BLOCKS, NO_BLOCKS, NO_IMPACTS,
-                     PREFETCH_AHEAD, PRUNE_LOOKUP, PRUNE_SKIP, SCAN, SMALL_SORT, block_bounds32, block_table,
-                     fault_parts, impact_table, shard_table, tf_dtype)
+                     FAULT_INDPTR, FAULT_NO_SHARD, FAULT_PACKED, FAULT_REASONS, FAULT_TERMS, FAULT_TFS, FIELD_DTYPES,
+                     FIELDS, HEAP_K, IMPACT_DTYPE, IMPACT_LEVELS, IMPACT_STEP, KTH_BLOCKS, NEED_DECODED, NO_BLOCKS,
+                     NO_IMPACTS, NO_PACKED, PREFETCH_AHEAD, PRUNE_LOOKUP, PRUNE_SKIP, SCAN, SMALL_SORT,
+                     block_bounds32, block_table, fault_parts, impact_table, packed_table, shard_table, tf_dtype)
 
 if HAVE_NUMBA:
     from .blockmax import _prune_pays, _score_shard_blocks, _theta_from_blocks, _theta_may_pay, block_maxima

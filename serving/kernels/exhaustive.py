@@ -22,7 +22,9 @@ from ._jit import BOUNDS_CHECK, jit, _view
 from .checks import _bad_posting, _posting_fault, _range_ok
 from .decode import _impact_u, _local_terms
 from .heap import _kth_vals, _new_top, _offer_one, _offer_scores, _top_sorted
-from .layout import DENSE_DIVISOR, FAULT_DOCS, FAULT_IMPACTS, FAULT_INDPTR, IMPACT_DTYPE, IMPACT_STEP, SCAN
+from .layout import (DENSE_DIVISOR, FAULT_DOCS, FAULT_IMPACTS, FAULT_INDPTR, IMPACT_DTYPE, IMPACT_STEP, NEED_DECODED,
+                     SCAN)
+from .packed import accumulate_packed, packed_tfs
 
 
 @jit
@@ -106,6 +108,21 @@ def _impacts_of(imeta, s):
 def _impacts32_of(imeta32, s):
     """Shard s's stored quantized impacts from ``imeta32`` (``impact_table(..., IMPACT_DTYPE)``)."""
     return _view(imeta32, s, 0, IMPACT_DTYPE)
+
+
+@jit(inline="always")
+def _packed_of(pmeta, s):
+    """Shard s's packed arrays from ``pmeta`` (``layout.PACKED_FIELDS`` order)."""
+    return (_view(pmeta, s, 0, np.uint32), _view(pmeta, s, 1, np.int64), _view(pmeta, s, 2, np.int32),
+            _view(pmeta, s, 3, np.uint8), _view(pmeta, s, 4, np.int64), _view(pmeta, s, 5, np.int64),
+            _view(pmeta, s, 6, np.int64))
+
+
+@jit(inline="always")
+def _no_packed():
+    """A plain shard's stand-ins for the packed arrays `_rescore_shard` takes (never read)."""
+    return (np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32),
+            np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 @jit(inline="always")
@@ -212,7 +229,7 @@ def _offer_dense(acc, rank, base, bv, br, bd, n, tv, tr, k):
 
 @jit
 def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
-                        touched, table, itab, gids, weights, k):
+                        touched, table, itab, gids, weights, k, pk):
     """``search_shards`` with ``prune_min = -1`` (exhaustive term-at-a-time over every
     shard; the same results), in a function that leaves the pruning code out: numba
     compiles it in less than half the time ``search_shards`` takes on a fresh install, so a corpus
@@ -227,12 +244,19 @@ def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto
     documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
     read back by one scan of its accumulator (``_is_dense``), and so is every shard for
     a query with a non-positive weight (whose sums may come back to 0.0 and list a
-    document twice). Returns (docnos, scores, fault), as `search_shards`."""
+    document twice). ``pk`` (``pmeta``, ``poff``, ``pids``, ``ltab``): the packed shards'
+    arrays (``layout.packed_table``; ``NO_PACKED``: every term may be read decoded) and,
+    per shard, the local terms the caller pinned decoded (``pids[poff[s]:poff[s + 1]]``,
+    ascending); the approximate pass reads every other term of a packed shard from its
+    blocks (`_search_approx`), and any other path answers ``NEED_DECODED`` for a query with
+    such a term. Returns (docnos, scores, fault), as `search_shards`."""
     cap = itab.shape[0] // table.shape[0]
     if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
             weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
         return _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab,
-                              cap, gids, weights, k)
+                              cap, gids, weights, k, pk)
+    if not all_pinned(meta, pk, gids):
+        return np.zeros(0, dtype=np.int64), np.zeros(0), NEED_DECODED
     local = np.empty(gids.shape[0], dtype=np.int64)
     bv, br, bd, tv, tr = _new_top(k)
     n = 0
@@ -261,6 +285,52 @@ def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto
                                   bv, br, bd, n, tv, tr, k, True)
     dn, sc = _top_sorted(bv, br, bd, n, k)
     return dn, sc, 0
+
+
+@jit(inline="always")
+def _split_pinned(local, pids, p0, p1, dec, unp):
+    """Split a packed shard's query terms ``local`` into those pinned decoded (in
+    ``pids[p0:p1]``, ascending) into ``dec`` and the rest into ``unp`` (-1 elsewhere);
+    returns how many are not pinned."""
+    n = 0
+    for i in range(local.shape[0]):
+        li = local[i]
+        dec[i] = -1
+        unp[i] = -1
+        if li < 0:
+            continue
+        lo, hi = p0, p1
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if pids[mid] < li:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < p1 and pids[lo] == li:
+            dec[i] = li
+        else:
+            unp[i] = li
+            n += 1
+    return n
+
+
+@jit
+def all_pinned(meta, pk, gids):
+    """Whether every term of ``gids`` that a packed shard of ``pk`` holds is pinned decoded
+    there (``search_shards_plain`` says what ``pk`` holds): what every path but the
+    approximate pass needs."""
+    pmeta, poff, pids, _ = pk
+    if pmeta.shape[0] == 0:
+        return True
+    local = np.empty(gids.shape[0], dtype=np.int64)
+    dec = np.empty(gids.shape[0], dtype=np.int64)
+    unp = np.empty(gids.shape[0], dtype=np.int64)
+    for s in range(meta.shape[0]):
+        if pmeta[s, 1] == 0 or not _local_terms(_view(meta, s, 3, np.int32), gids, local):
+            continue
+        if _split_pinned(local, pids, poff[s], poff[s + 1], dec, unp):
+            return False
+    return True
 
 
 @jit
@@ -384,18 +454,30 @@ def _find_all(docs, lo, hi, ids, pos):
 
 @jit
 def _rescore_shard(indptr, docs, tfs, code, table, itab, cap, local, weights, ids, rank, base,
-                   bv, br, bd, n, tv, tr, k):
+                   bv, br, bd, n, tv, tr, k, unp, pw, pb, pf, pwd, ptb, pe, max_tf):
     """The exact scores of one shard's documents ``ids`` (ascending), offered to a
     ``_new_top`` collector; returns (n, tv, tr). Each term's posting of a document is
     found by lookup and its impact computed as ``_accumulate`` computes it, added from
     0.0 in the canonical order: the bits exhaustive scoring gives. Term by term, all the
-    candidates' lookups of one term together (``_find_all``). ``ids`` come from
-    checked postings; a damaged range: (``-FAULT_INDPTR``, tv, tr)."""
+    candidates' lookups of one term together (``_find_all``); a term of a packed shard not
+    decoded (``unp[i]`` >= 0; ``pw`` ... ``pe``, ``max_tf``: the shard's packed arrays) is
+    looked up in its blocks (``packed_tfs``). ``ids`` come from checked postings; a
+    damaged range or block: (``-FAULT_*``, tv, tr)."""
     sc = np.zeros(ids.shape[0])
     pos = np.empty(ids.shape[0], dtype=np.int64)
     ucap = np.uint64(cap)
     nt = np.uint64(table.shape[0])
     for i in range(local.shape[0]):
+        if unp[i] >= 0:
+            f = packed_tfs(pw, pb, pf, pwd, ptb, pe, max_tf, code.shape[0], unp[i], ids, pos)
+            if f:
+                return -f, tv, tr
+            w = weights[i]
+            for j in range(ids.shape[0]):
+                t = pos[j]
+                if t > 0:
+                    sc[j] += w * _impact_u(np.uint64(t), np.uint64(code[ids[j]]), table, itab, ucap, nt)
+            continue
         li = local[i]
         if li < 0:
             continue
@@ -415,15 +497,20 @@ def _rescore_shard(indptr, docs, tfs, code, table, itab, cap, local, weights, id
 
 @jit
 def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, touched, table, itab, cap, gids,
-                   weights, k):
+                   weights, k, pk):
     """``search_shards_plain`` over the stored quantized impacts (positive weights):
     every shard's approximate scores (each posting's ``IMPACT_DTYPE`` level times its
     term's weight · ``IMPACT_STEP``, summed in float64) into one candidate buffer whose
     bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
     (the k best and their near-ties) rescored exactly (``_rescore_shard``) and ranked:
     the same documents and bits as exhaustive float64 scoring, at two bytes a posting
-    read instead of a tf, a length code and a table cell. Returns (docnos, scores, fault)."""
+    read instead of a tf, a length code and a table cell. A packed shard's terms not pinned
+    decoded (``pk``, ``search_shards_plain``) are read from their blocks, the same levels
+    (``packed.accumulate_packed``), and rescored from them. Returns (docnos, scores, fault)."""
+    pmeta, poff, pids, ltab = pk
     local = np.empty(gids.shape[0], dtype=np.int64)
+    dec = np.empty(gids.shape[0], dtype=np.int64)
+    unp = np.full(gids.shape[0], -1, dtype=np.int64)
     c = _approx_keep(gids.shape[0])
     c = c * c
     margin = _approx_margin(weights)
@@ -442,15 +529,24 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
         tfs = _view(meta, s, 2, code_proto[1].dtype)
         code = _view(meta, s, 5, code_proto[0].dtype)
         imp = _impacts32_of(imeta32, s)
+        packed = pmeta.shape[0] > 0 and pmeta[s, 1] > 0
+        nun = _split_pinned(local, pids, poff[s], poff[s + 1], dec, unp) if packed else 0
+        loc = dec if nun else local
         if _is_dense(indptr, local, nd, dense_min):
-            f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], imp)
+            f = _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, loc, qweights, acc[:nd], imp)
+            if f >= 0 and nun:
+                f = accumulate_packed(*_packed_of(pmeta, s), code, table, ltab, cap, unp, qweights, acc[:nd],
+                                      touched, 0, False)
             if f < 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -f
             av, ad, n, bar = _approx_offer(acc[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c,
                                            margin)
         else:
-            m = _accumulate(indptr, docs, tfs, code, table, itab, cap, local, qweights, acc[:nd], touched[:nd + 1],
+            m = _accumulate(indptr, docs, tfs, code, table, itab, cap, loc, qweights, acc[:nd], touched[:nd + 1],
                             0, imp)
+            if m >= 0 and nun:
+                m = accumulate_packed(*_packed_of(pmeta, s), code, table, ltab, cap, unp, qweights, acc[:nd],
+                                      touched[:nd + 1], m, True)
             if m < 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -m
             av, ad, n, bar = _approx_offer(acc[:nd], touched, m, np.int64(s) << 32, av, ad, n, bar, k, c,
@@ -467,11 +563,16 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
             e += 1
         _local_terms(_view(meta, s, 3, np.int32), gids, local)
         lo, hi = doc_off[s], doc_off[s + 1]
-        nn, tv, tr = _rescore_shard(_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32),
-                                    _view(meta, s, 2, code_proto[1].dtype), _view(meta, s, 5, code_proto[0].dtype),
-                                    table, itab,
-                                    cap, local, weights, cand[j:e] & np.int64(0xFFFFFFFF), id_rank[lo:hi],
-                                    np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
+        ids = cand[j:e] & np.int64(0xFFFFFFFF)
+        args = (_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
+                _view(meta, s, 5, code_proto[0].dtype), table, itab, cap)
+        tail = (id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
+        if pmeta.shape[0] > 0 and pmeta[s, 1] > 0 and _split_pinned(local, pids, poff[s], poff[s + 1], dec, unp):
+            pw, pb, pf, pwd, ptb, pe, info = _packed_of(pmeta, s)
+            nn, tv, tr = _rescore_shard(*args, dec, weights, ids, *tail, unp, pw, pb, pf, pwd, ptb, pe, info[0])
+        else:
+            unp[:] = -1
+            nn, tv, tr = _rescore_shard(*args, local, weights, ids, *tail, unp, *_no_packed(), 0)
         if nn < 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -nn
         j = e

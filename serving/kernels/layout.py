@@ -13,10 +13,11 @@ import numpy as np
 # What a kernel found impossible (the low byte of a fault code; ``FAULT_FILES`` names the
 # shard's file that holds it). A fault code is ``shard << 8 | FAULT_*``, 0 when sound;
 # ``FAULT_NO_SHARD`` in the shard part: the shard is not known (an id from the forward index).
-FAULT_INDPTR, FAULT_DOCS, FAULT_TFS, FAULT_IMPACTS, FAULT_BLOCKS, FAULT_TERMS = 1, 2, 3, 4, 5, 6
+FAULT_INDPTR, FAULT_DOCS, FAULT_TFS, FAULT_IMPACTS, FAULT_BLOCKS, FAULT_TERMS, FAULT_PACKED = 1, 2, 3, 4, 5, 6, 7
 FAULT_NO_SHARD = (1 << 24) - 1
 FAULT_FILES = {FAULT_INDPTR: "indptr.npy", FAULT_DOCS: "docs.npy", FAULT_TFS: "tfs.npy",
-               FAULT_IMPACTS: "impacts.npy", FAULT_BLOCKS: "block_start.npy", FAULT_TERMS: "term_gid.npy"}
+               FAULT_IMPACTS: "impacts.npy", FAULT_BLOCKS: "block_start.npy", FAULT_TERMS: "term_gid.npy",
+               FAULT_PACKED: "packed.npy"}
 FAULT_REASONS = {
     FAULT_INDPTR: "gives a term's postings a range outside docs.npy (or a decreasing one)",
     FAULT_DOCS: "holds a document id outside the shard's documents",
@@ -24,7 +25,11 @@ FAULT_REASONS = {
     FAULT_IMPACTS: "holds an impact that is not above 0",
     FAULT_BLOCKS: "gives a term's blocks a range outside block_max.npy, or not one block per BLOCK of its postings",
     FAULT_TERMS: "holds a global term id outside the vocabulary",
+    FAULT_PACKED: "holds a damaged block (a width, size, tf or document id the shard cannot have)",
 }
+#: What a kernel returns instead of a fault where a query needs a packed term decoded that the
+#: caller did not pin (``packed_table``): the caller pins the query's terms and asks again.
+NEED_DECODED = -1
 
 
 def fault_parts(fault: int) -> tuple[int | None, str, str]:
@@ -187,3 +192,40 @@ def impact_table(impacts: list[np.ndarray], dtype=np.float64) -> tuple[np.ndarra
 
 #: ``imeta`` without per-posting impacts: each posting's impact comes from the grid.
 NO_IMPACTS = np.zeros((0, 2), dtype=np.int64)
+
+
+#: The arrays of one packed shard the exhaustive kernels read without decoding them first
+#: (``kernels/packed.py``, ``serving/packed.py``), in the order of a ``pmeta`` table: the
+#: packed stream, block offsets, first ids and widths (``[nb, 2]``, flattened), each term's
+#: first block, the term ranges decode checked (a private copy of ``indptr``), and
+#: ``info``: (the largest tf the shard stores,).
+PACKED_FIELDS = ("words", "boff", "first", "width", "tblock", "ends", "info")
+PACKED_DTYPES = (np.uint32, np.int64, np.int32, np.uint8, np.int64, np.int64, np.int64)
+
+
+def packed_table(packed: list) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(pmeta, keep): the int64 [S, 2·len(PACKED_FIELDS)] (address, length) table of each
+    shard's packed arrays (``serving.packed.PackedShard``; None for a plain shard: all
+    lengths 0), and the arrays it points into, which the caller keeps referenced."""
+    pmeta = np.zeros((len(packed), 2 * len(PACKED_FIELDS)), dtype=np.int64)
+    keep = []
+    for s, p in enumerate(packed):
+        if p is None:
+            continue
+        arrays = (p.words, p.boff, p.first, np.asarray(p.width).reshape(-1), p.tblock, p._ends,
+                  np.array([p.max_tf], dtype=np.int64))
+        for f, (a, dt) in enumerate(zip(arrays, PACKED_DTYPES, strict=True)):
+            a = np.asarray(a)
+            if a.dtype != dt or not a.flags.c_contiguous:
+                raise ValueError(f"packed array {PACKED_FIELDS[f]} is {a.dtype}, expected contiguous {np.dtype(dt)}")
+            if len(a) == 0:
+                a = np.zeros(1, dtype=dt)[:0]
+            keep.append(a)
+            pmeta[s, 2 * f] = a.ctypes.data
+            pmeta[s, 2 * f + 1] = len(a)
+    return pmeta, keep
+
+
+#: ``pmeta`` of an index whose every term the kernels may read decoded (plain shards, or
+#: packed ones with every query term pinned).
+NO_PACKED = np.zeros((0, 2 * len(PACKED_FIELDS)), dtype=np.int64)

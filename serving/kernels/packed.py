@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import HAVE_NUMBA
-from .layout import FAULT_DOCS, FAULT_INDPTR, IMPACT_DTYPE
+from .layout import FAULT_DOCS, FAULT_INDPTR, FAULT_PACKED, IMPACT_DTYPE
 
 if HAVE_NUMBA:
     from ._jit import jit
@@ -297,3 +297,173 @@ def term_blocks(indptr: np.ndarray) -> np.ndarray:
     """Each term's first packed block (int64 [V + 1]; the last entry: the block count)."""
     n = (np.diff(np.asarray(indptr, dtype=np.int64)) + PACK_BLOCK - 1) // PACK_BLOCK
     return np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+
+
+# Scoring straight from the packed stream (issue 50): the exhaustive approximate pass reads a
+# term the postings cache has not decoded from its blocks here, and its exact rescoring looks
+# the candidates' tfs up in them, so a query whose terms outgrow the cache decodes nothing
+# into it (``exhaustive._search_approx``, ``serving.packed``).
+
+
+@jit(inline="always")
+def _block_docs(words, boff, first, width, b, n, n_docs, prev, buf):
+    """Block ``b``'s ``n`` document ids into ``buf[:n]`` (ascending, each checked as
+    `_unpack_range` checks them: the block inside the stream and of the size its widths
+    give, its first id after ``prev`` and every id below ``n_docs``); returns (the last
+    id, the bit its tfs start at, their width), the last id -1 at a damaged block."""
+    nb = first.shape[0]
+    nw = words.shape[0] - 1
+    if b >= nb or b + 1 >= boff.shape[0] or 2 * b + 1 >= width.shape[0]:
+        return np.int64(-1), np.uint64(0), np.uint64(0)
+    wd = np.int64(width[2 * b])
+    wt = np.int64(width[2 * b + 1])
+    o = boff[b]
+    if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+        return np.int64(-1), np.uint64(0), np.uint64(0)
+    d = np.int64(first[b])
+    if d <= prev or d >= n_docs:
+        return np.int64(-1), np.uint64(0), np.uint64(0)
+    ubit = np.uint64(o * 32)
+    un = np.uint64(n)
+    uwd = np.uint64(wd)
+    mask = (np.uint64(1) << uwd) - np.uint64(1)
+    buf[0] = np.uint64(d)
+    for j in range(np.uint64(1), un):  # independent reads, then the running sum
+        buf[j] = _uget(words, ubit + (j - np.uint64(1)) * uwd, mask) + np.uint64(1)
+    x = np.uint64(d)
+    for j in range(np.uint64(1), un):
+        x += buf[j]
+        buf[j] = x
+    if x >= np.uint64(n_docs):  # ascending: the last is the largest (n small: no overflow)
+        return np.int64(-1), np.uint64(0), np.uint64(0)
+    return np.int64(x), ubit + (un - np.uint64(1)) * uwd, np.uint64(wt)
+
+
+@jit(inline="always")
+def _level(tf, c, table, ltab, ucap, nt):
+    """A posting's stored level for the default parameters, as `unpack_terms_levels` computes
+    it (``tf``, ``c``, ``ucap``, ``nt``: ``np.uint64``)."""
+    if tf < ucap:
+        return np.float64(ltab[tf * nt + c])
+    x = np.float64(tf)
+    return _quantize(x / (x + table[c]))
+
+
+@jit
+def accumulate_packed(words, boff, first, width, tblock, ends, info, code, table, ltab, cap, local, weights, acc,
+                      touched, m, listed):
+    """Add each listed term's ``weights[i] · level`` (its postings' stored levels for the
+    default parameters, `_level`) to ``acc`` straight from the packed blocks: the
+    approximate pass of ``exhaustive._search_approx`` over a term nobody decoded, the same
+    sums as over decoded levels. ``local[i]`` < 0: not this call's term. With ``listed``,
+    first-seen documents go to ``touched`` after the ``m`` there (as ``_accumulate``:
+    every level is at least 1 and every weight positive); returns the new count, or
+    ``-FAULT_PACKED`` / ``-FAULT_INDPTR`` at a damaged block or range. ``words`` ...
+    ``ends``, ``info``: the shard's packed arrays (``layout.PACKED_FIELDS``)."""
+    max_tf = info[0]
+    buf = np.empty(PACK_BLOCK, dtype=np.uint64)
+    tb = np.empty(PACK_BLOCK, dtype=np.uint64)
+    um = np.uint64(m)
+    und = acc.shape[0]
+    nt = np.uint64(table.shape[0])
+    ucap = np.uint64(cap)
+    for i in range(local.shape[0]):
+        li = local[i]
+        if li < 0:
+            continue
+        if li + 1 >= ends.shape[0] or li >= tblock.shape[0]:
+            return -FAULT_INDPTR
+        w = weights[i]
+        a = ends[li]
+        e = ends[li + 1]
+        b = tblock[li]
+        prev = np.int64(-1)
+        s = a
+        while s < e:
+            n = min(PACK_BLOCK, e - s)
+            prev, tbit, wt = _block_docs(words, boff, first, width, b, n, und, prev, buf)
+            if prev < 0:
+                return -FAULT_PACKED
+            mask = (np.uint64(1) << wt) - np.uint64(1)
+            top = np.uint64(0)
+            un = np.uint64(n)
+            for j in range(un):
+                v = _uget(words, tbit + j * wt, mask)
+                top = max(top, v)
+                tb[j] = v + np.uint64(1)
+            if top >= np.uint64(max_tf):
+                return -FAULT_PACKED
+            for j in range(un):
+                d = buf[j]
+                v = w * _level(tb[j], np.uint64(code[d]), table, ltab, ucap, nt)
+                if listed:
+                    x = acc[d]
+                    touched[um] = d
+                    um += np.uint64(x == 0.0)
+                    acc[d] = x + v
+                else:
+                    acc[d] += v
+            s += n
+            b += 1
+    return np.int64(um)
+
+
+@jit
+def packed_tfs(words, boff, first, width, tblock, ends, max_tf, n_docs, li, ids, out):
+    """``out[j]``: the tf of document ``ids[j]`` (ascending) in local term ``li``'s packed
+    postings, 0 where the term has none (the exact rescoring's lookup, as ``_find_all``
+    finds them in decoded ones): each id's block found by a binary search of the blocks'
+    first ids from the previous id's block on, its gaps read up to the id, and its tf read
+    at that position alone. Returns 0, or ``FAULT_PACKED`` / ``FAULT_INDPTR``."""
+    if li < 0 or li + 1 >= ends.shape[0] or li >= tblock.shape[0]:
+        return FAULT_INDPTR
+    a = ends[li]
+    e = ends[li + 1]
+    b0 = tblock[li]
+    nbt = (e - a + PACK_BLOCK - 1) // PACK_BLOCK
+    nb = first.shape[0]
+    nw = words.shape[0] - 1
+    if b0 < 0 or b0 + nbt > nb or b0 + nbt >= boff.shape[0] or 2 * (b0 + nbt) > width.shape[0]:
+        return FAULT_PACKED
+    bi = 0
+    for j in range(ids.shape[0]):
+        x = np.int64(ids[j])
+        out[j] = 0
+        if nbt == 0 or x < first[b0]:
+            continue
+        lo, hi = bi, nbt  # the last block whose first id is at most x, from the previous one on
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if first[b0 + mid] <= x:
+                lo = mid
+            else:
+                hi = mid
+        bi = lo
+        b = b0 + bi
+        n = min(PACK_BLOCK, e - a - bi * PACK_BLOCK)
+        wd = np.int64(width[2 * b])
+        wt = np.int64(width[2 * b + 1])
+        o = boff[b]
+        if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+            return FAULT_PACKED
+        d = np.int64(first[b])
+        if d < 0 or d >= n_docs:
+            return FAULT_PACKED
+        ubit = np.uint64(o * 32)
+        uwd = np.uint64(wd)
+        mask = (np.uint64(1) << uwd) - np.uint64(1)
+        p = 0
+        while d < x and p + 1 < n:
+            p += 1
+            d += 1 + np.int64(_uget(words, ubit + np.uint64(p - 1) * uwd, mask))
+        if d != x:
+            continue
+        if d >= n_docs:
+            return FAULT_PACKED
+        uwt = np.uint64(wt)
+        tf = _uget(words, ubit + np.uint64(n - 1) * uwd + np.uint64(p) * uwt,
+                   (np.uint64(1) << uwt) - np.uint64(1)) + np.uint64(1)
+        if tf > np.uint64(max_tf):
+            return FAULT_PACKED
+        out[j] = np.int64(tf)
+    return 0

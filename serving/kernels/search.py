@@ -19,15 +19,15 @@ import numpy as np
 from ._jit import jit, _view
 from .blockmax import _prune_pays, _score_shard_blocks, _theta_from_blocks
 from .decode import _local_terms
-from .exhaustive import search_shards_plain
+from .exhaustive import all_pinned, search_shards_plain
 from .heap import _heap_sorted, _new_heap
-from .layout import BLOCK, SMALL_SORT
+from .layout import BLOCK, NEED_DECODED, SMALL_SORT
 from .maxscore import _score_shard
 
 
 @jit
 def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
-                  touched, table, itab, gids, weights, k, prune_min, stats):
+                  touched, table, itab, gids, weights, k, prune_min, stats, pk):
     """Top ``k`` over all shards: (docnos ``shard << 32 | local``, scores), best first,
     ties by ``id_rank`` ascending.
 
@@ -55,17 +55,22 @@ def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_prot
     query that ``_prune_pays`` judges not worth pruning goes to
     `search_shards_plain` (with ``imeta``, ``imeta32``, ``rescore_min`` and
     ``dense_min``, as that takes them), and so does ``prune_min = -1`` or a non-positive
-    weight (whose scores that reads back without a touched list).
+    weight (whose scores that reads back without a touched list). ``pk``: packed shards
+    and the terms pinned decoded there (`search_shards_plain`); pruning reads decoded
+    postings only, so it answers ``NEED_DECODED`` for a query with a term not pinned.
 
     Returns (docnos, scores, fault): fault 0, or ``shard << 8 | FAULT_*`` where a value
     read from the shard's files was impossible (``checks.py``); then the docnos are
-    empty and ``acc`` is not zeroed (the caller zeroes it).
+    empty and ``acc`` is not zeroed (the caller zeroes it). ``NEED_DECODED`` (negative):
+    the caller pins every term of the query and asks again.
     """
     if prune_min < 0 or gids.shape[0] == 0 or weights.min() <= 0.0 or (
             prune_min > 0 and bmeta.shape[0] > 0 and
             not _prune_pays(meta, bmeta, code_proto, table, itab, acc, touched, gids, weights, k)):
         return search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank,
-                                   acc, touched, table, itab, gids, weights, k)
+                                   acc, touched, table, itab, gids, weights, k, pk)
+    if not all_pinned(meta, pk, gids):
+        return np.zeros(0, dtype=np.int64), np.zeros(0), NEED_DECODED
     S = meta.shape[0]
     cap = itab.shape[0] // table.shape[0]
     local = np.empty(gids.shape[0], dtype=np.int64)
@@ -113,14 +118,15 @@ def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_prot
 
 @jit
 def search_batch(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
-                 table, itab, idf, qptr, qgids, k, prune_min, stats, out_pos, out_score, out_n):
+                 table, itab, idf, qptr, qgids, k, prune_min, stats, out_pos, out_score, out_n, pk):
     """Many queries in one call, each exactly as ``search_shards`` answers it.
 
     Query ``q``'s analyzed terms are the global ids ``qgids[qptr[q]:qptr[q + 1]]`` (repeats
     count: weight = count · idf). Writes its top ``k`` (k <= out_pos.shape[1]) as global
     document positions (``doc_off[shard] + local``) into ``out_pos[q]``, scores into
     ``out_score[q]``, and how many into ``out_n[q]``. Returns 0, or the first query's fault
-    code (`search_shards`), where it stops.
+    code (`search_shards`), where it stops; ``-(q + 1)`` where query q answered
+    ``NEED_DECODED`` (``pk``: `search_shards`), the caller going on from there.
     """
     for q in range(qptr.shape[0] - 1):
         a, b = qptr[q], qptr[q + 1]
@@ -130,16 +136,16 @@ def search_batch(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto
         gids, ws = _query_weights(qgids[a:b], idf)
         pm = prune_min if ws.min() > 0 else -1
         dn, sc, fault = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
-                                      id_rank, acc, touched, table, itab, gids, ws, k, pm, stats)
+                                      id_rank, acc, touched, table, itab, gids, ws, k, pm, stats, pk)
         if fault:
-            return fault
+            return fault if fault > 0 else -(q + 1)
         _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
     return 0
 
 
 @jit
 def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc, touched,
-                       table, itab, idf, qptr, qgids, k, out_pos, out_score, out_n):
+                       table, itab, idf, qptr, qgids, k, out_pos, out_score, out_n, pk):
     """``search_batch`` with ``prune_min = -1`` through `search_shards_plain`; returns
     0 or a fault code, as ``search_batch``."""
     for q in range(qptr.shape[0] - 1):
@@ -149,9 +155,9 @@ def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto,
             continue
         gids, ws = _query_weights(qgids[a:b], idf)
         dn, sc, fault = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
-                                            id_rank, acc, touched, table, itab, gids, ws, k)
+                                            id_rank, acc, touched, table, itab, gids, ws, k, pk)
         if fault:
-            return fault
+            return fault if fault > 0 else -(q + 1)
         _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
     return 0
 
@@ -159,7 +165,7 @@ def search_batch_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto,
 @jit
 def search_batch_weighted(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                           touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, prune_min, stats, out_pos,
-                          out_score, out_n):
+                          out_score, out_n, pk):
     """Many weighted queries in one call, each exactly as ``search_shards`` answers it
     through ``search_arrays``: query ``q``'s distinct terms are ``qgids[qptr[q]:qptr[q + 1]]``
     with weights ``qraw`` (before idf; zeros dropped), those before ``qsplit[q]`` scored
@@ -171,9 +177,9 @@ def search_batch_weighted(meta, bmeta, imeta, imeta32, rescore_min, dense_min, c
             continue
         dn, sc, fault = search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
                                       id_rank, acc, touched, table, itab, gids, ws, k,
-                                      prune_min if ws.min() > 0 else -1, stats)
+                                      prune_min if ws.min() > 0 else -1, stats, pk)
         if fault:
-            return fault
+            return fault if fault > 0 else -(q + 1)
         _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
     return 0
 
@@ -181,16 +187,16 @@ def search_batch_weighted(meta, bmeta, imeta, imeta32, rescore_min, dense_min, c
 @jit
 def search_batch_weighted_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off, id_rank, acc,
                                 touched, table, itab, idf, qptr, qsplit, qgids, qraw, k, out_pos, out_score,
-                                out_n):
+                                out_n, pk):
     """``search_batch_weighted`` through `search_shards_plain` (returns as ``search_batch``)."""
     for q in range(qptr.shape[0] - 1):
         out_n[q] = 0
         gids, ws = _split_weights(qgids, qraw, qptr[q], qsplit[q], qptr[q + 1], idf)
         if gids.shape[0] > 0:
             dn, sc, fault = search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto, doc_off,
-                                                id_rank, acc, touched, table, itab, gids, ws, k)
+                                                id_rank, acc, touched, table, itab, gids, ws, k, pk)
             if fault:
-                return fault
+                return fault if fault > 0 else -(q + 1)
             _put_row(q, dn, sc, doc_off, out_pos, out_score, out_n)
     return 0
 
