@@ -422,13 +422,15 @@ class PostingsCache:
             self._give(keys)
 
     @contextmanager
-    def fitting(self, gids: np.ndarray):
+    def fitting(self, gids: np.ndarray, evict: bool = True):
         """Pin the terms of ``gids`` (global ids; a repeat is one more query using the term)
         that fit the budget, for the exhaustive approximate pass, which reads every other
         term from its packed blocks (``kernels.accumulate_packed``): those decoded already,
         then those not, the most used first, each decoded where it fits beside the terms
         pinned, making room by giving back unpinned terms that ``gids`` does not use, least
-        recently used first. Nothing outgrows the budget, and no term of this batch is
+        recently used first (``evict``; else only where the budget has room: one query,
+        whose terms are read once, gains nothing from decoding them at the cost of terms
+        other queries use). Nothing outgrows the budget, and no term of this batch is
         given back to make room for another of it (which would decode them again and
         again: reading a term from its blocks costs about twice reading it decoded,
         decoding it about five times). Yields (``poff``, ``pids``): per shard, the local
@@ -447,7 +449,7 @@ class PostingsCache:
             self._tick += 1
             todo: dict[int, list[int]] = {}
             reserved = 0
-            full = self._all  # nothing more to give back (`_room` gave back all it could)
+            full = self._all or not evict  # nothing (more) to give back
             for _, s, t in wanted:
                 if (s, t) in self._lru:
                     keys.append((s, t))
