@@ -20,7 +20,7 @@ import numpy as np
 
 from ._jit import BOUNDS_CHECK, jit, _view
 from .checks import _bad_posting, _posting_fault, _range_ok
-from .decode import _impact_u, _local_terms
+from .decode import _find, _impact_u, _local_terms
 from .heap import _kth_vals, _new_top, _offer_one, _offer_scores, _top_sorted
 from .layout import (DENSE_DIVISOR, FAULT_DOCS, FAULT_IMPACTS, FAULT_INDPTR, IMPACT_DTYPE, IMPACT_STEP, NEED_DECODED,
                      SCAN)
@@ -299,14 +299,7 @@ def _split_pinned(local, pids, p0, p1, dec, unp):
         unp[i] = -1
         if li < 0:
             continue
-        lo, hi = p0, p1
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if pids[mid] < li:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < p1 and pids[lo] == li:
+        if _find(pids[p0:p1], li) >= 0:
             dec[i] = li
         else:
             unp[i] = li

@@ -94,6 +94,16 @@ def tf_dtype(shards: list[dict[str, np.ndarray]]) -> np.dtype:
     return np.result_type(*(np.asarray(a["tfs"]).dtype for a in shards)) if shards else np.dtype(np.int32)
 
 
+def _point(table: np.ndarray, s: int, f: int, a: np.ndarray, keep: list) -> None:
+    """Field ``f`` of row ``s`` of an (address, length) table: array ``a`` (an empty one
+    replaced by one with a valid address), kept referenced in ``keep``."""
+    if len(a) == 0:
+        a = np.zeros(1, dtype=a.dtype)[:0]
+    keep.append(a)
+    table[s, 2 * f] = a.ctypes.data
+    table[s, 2 * f + 1] = len(a)
+
+
 def shard_table(shards: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """(meta, keep): the int64 [S, 2·len(FIELDS)] (address, length) table for ``search_shards``
     and the arrays it points into, which the caller must keep referenced while it is used.
@@ -105,12 +115,8 @@ def shard_table(shards: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[n
     keep = []
     for s, arrays in enumerate(shards):
         for f, (name, dt) in enumerate(zip(FIELDS, FIELD_DTYPES)):
-            a = np.ascontiguousarray(arrays[name], dtype=tfs_dtype if dt == "tf" else (dt or code_dtype))
-            if len(a) == 0:  # a valid address for an empty array
-                a = np.zeros(1, dtype=a.dtype)[:0]
-            keep.append(a)
-            meta[s, 2 * f] = a.ctypes.data
-            meta[s, 2 * f + 1] = len(a)
+            _point(meta, s, f, np.ascontiguousarray(arrays[name], dtype=tfs_dtype if dt == "tf" else (dt or code_dtype)),
+                   keep)
     return meta, keep
 
 
@@ -163,11 +169,7 @@ def block_table(blocks: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, list[
     keep = []
     for s, arrays in enumerate(blocks):
         for f, (a, dt) in enumerate(zip(block_bounds32(arrays), BLOCK_DTYPES, strict=True)):
-            if len(a) == 0:
-                a = np.zeros(1, dtype=dt)[:0]
-            keep.append(a)
-            bmeta[s, 2 * f] = a.ctypes.data
-            bmeta[s, 2 * f + 1] = len(a)
+            _point(bmeta, s, f, np.ascontiguousarray(a, dtype=dt), keep)
     return bmeta, keep
 
 
@@ -182,11 +184,7 @@ def impact_table(impacts: list[np.ndarray], dtype=np.float64) -> tuple[np.ndarra
     imeta = np.zeros((len(impacts), 2), dtype=np.int64)
     keep = []
     for s, a in enumerate(impacts):
-        a = np.ascontiguousarray(a, dtype=dtype)
-        if len(a) == 0:
-            a = np.zeros(1, dtype=dtype)[:0]
-        keep.append(a)
-        imeta[s] = (a.ctypes.data, len(a))
+        _point(imeta, s, 0, np.ascontiguousarray(a, dtype=dtype), keep)
     return imeta, keep
 
 
@@ -218,11 +216,7 @@ def packed_table(packed: list) -> tuple[np.ndarray, list[np.ndarray]]:
             a = np.asarray(a)
             if a.dtype != dt or not a.flags.c_contiguous:
                 raise ValueError(f"packed array {PACKED_FIELDS[f]} is {a.dtype}, expected contiguous {np.dtype(dt)}")
-            if len(a) == 0:
-                a = np.zeros(1, dtype=dt)[:0]
-            keep.append(a)
-            pmeta[s, 2 * f] = a.ctypes.data
-            pmeta[s, 2 * f + 1] = len(a)
+            _point(pmeta, s, f, a, keep)
     return pmeta, keep
 
 
