@@ -299,7 +299,7 @@ class BM25Retriever:
         if got is None:
             with self._pinned(gids):
                 return call(self._all_decoded())
-        with self.index.postings_cache.fitting(gids, evict=False) as (poff, pids):
+        with self.index.postings_cache.fitting(np.unique(gids), evict=False) as (poff, pids):
             out = call((got[0], poff, pids, got[2]))
         if out[2] != kernels.NEED_DECODED:
             return out
@@ -353,7 +353,9 @@ class BM25Retriever:
         got = self._packed_pk(params)
         cache = self.index.postings_cache
         n = len(qptr) - 1
-        with cache.fitting(qgids) as (poff, pids):
+        # Each query's distinct terms: a repeat in ``fitting``'s input is one more query.
+        uses = np.concatenate([np.unique(qgids[qptr[i]:qptr[i + 1]]) for i in range(n)] + [qgids[:0]])
+        with cache.fitting(uses) as (poff, pids):
             pk = (got[0], poff, pids, got[2])
             i = 0
             while i < n:

@@ -427,13 +427,14 @@ class PostingsCache:
         that fit the budget, for the exhaustive approximate pass, which reads every other
         term from its packed blocks (``kernels.accumulate_packed``): those decoded already,
         then those not, the most used first, each decoded where it fits beside the terms
-        pinned, making room by giving back unpinned terms that ``gids`` does not use, least
-        recently used first (``evict``; else only where the budget has room: one query,
-        whose terms are read once, gains nothing from decoding them at the cost of terms
-        other queries use). Nothing outgrows the budget, and no term of this batch is
-        given back to make room for another of it (which would decode them again and
-        again: reading a term from its blocks costs about twice reading it decoded,
-        decoding it about five times). Yields (``poff``, ``pids``): per shard, the local
+        pinned. A term two or more queries use may make room by giving back unpinned terms
+        that ``gids`` does not use, least recently used first (``evict``); a term one query
+        uses only takes free room: it is read once, and decoding it (about five times the
+        cost of reading it decoded, where reading it from its blocks costs about twice)
+        in place of terms other queries use only loses (a server answering one query at a
+        time otherwise decoded most of every long query's terms). Nothing outgrows the
+        budget, and no term of this batch is given back to make room for another of it
+        (which would decode them again and again). Yields (``poff``, ``pids``): per shard, the local
         terms pinned, ascending (``pids[poff[s]:poff[s + 1]]``, the kernels' ``pk``)."""
         g, uses = np.unique(np.asarray(gids, dtype=np.int64), return_counts=True)
         wanted = []  # (-uses, shard, local term)
@@ -450,14 +451,16 @@ class PostingsCache:
             todo: dict[int, list[int]] = {}
             reserved = 0
             full = self._all or not evict  # nothing (more) to give back
-            for _, s, t in wanted:
+            # (`wanted` comes most used first: once a term used once is reached, no later
+            # one may give anything back either)
+            for negu, s, t in wanted:
                 if (s, t) in self._lru:
                     keys.append((s, t))
                     continue
                 p = self.shards[s].packed
                 n = p.term_bytes(*p.span(t))
                 if self.used + reserved + n > self.budget:
-                    if full or not self._room(reserved + n, want):
+                    if full or negu > -2 or not self._room(reserved + n, want):
                         full = True
                         continue
                 todo.setdefault(s, []).append(t)
