@@ -291,15 +291,14 @@ class BM25Retriever:
 
     def _run_packed(self, gids: np.ndarray, params: BM25Params, call: Callable) -> tuple:
         """``call(pk)``, a kernel over one query's terms ``gids``: where shards are packed,
-        first with the terms that fit the postings cache pinned (those it holds, and those
-        its free room holds: ``PostingsCache.fitting`` without giving any back) and the rest
-        read from their blocks, again with every term pinned where the kernel answers
-        ``NEED_DECODED``; elsewhere with the terms pinned (`_pinned`)."""
+        first with the terms that fit the postings cache pinned (``PostingsCache.fitting``)
+        and the rest read from their blocks, again with every term pinned where the kernel
+        answers ``NEED_DECODED``; elsewhere with the terms pinned (`_pinned`)."""
         got = self._packed_pk(params)
         if got is None:
             with self._pinned(gids):
                 return call(self._all_decoded())
-        with self.index.postings_cache.fitting(np.unique(gids), evict=False) as (poff, pids):
+        with self.index.postings_cache.fitting(np.unique(gids)) as (poff, pids):
             out = call((got[0], poff, pids, got[2]))
         if out[2] != kernels.NEED_DECODED:
             return out

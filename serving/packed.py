@@ -56,6 +56,8 @@ PACKED_FORMAT = 1
 #: again for every batch (8 bytes a decoded posting: id, tf, impact level).
 DEFAULT_CACHE_MB = 640
 _PAGE = mmap.PAGESIZE
+#: Counts of terms asked for (`PostingsCache._count`) added between two halvings of them all.
+FREQ_HALVING = 1 << 20
 
 
 def shared_tf_dtype(shard_dirs: list[str]) -> np.dtype:
@@ -132,6 +134,7 @@ class PackedShard:
         self._mm_imp, self.impacts = _anon(max(self.n_postings, 0), self.imp_dtype)
         self.levels = None  # (length codes, denominators, impact grid) of the default parameters
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
+        self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int64)  # times asked for (`PostingsCache.fitting`)
 
     @property
     def posting_bytes(self) -> int:
@@ -238,6 +241,7 @@ class PostingsCache:
         self.used = 0
         self._all = False
         self.decoded_bytes = 0  # over the cache's life (tests, benchmarks)
+        self._added = 0  # counts added since the last halving (`_count`)
 
     def _local(self, gids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         out = []
@@ -422,49 +426,69 @@ class PostingsCache:
             self._give(keys)
 
     @contextmanager
-    def fitting(self, gids: np.ndarray, evict: bool = True):
+    def fitting(self, gids: np.ndarray):
         """Pin the terms of ``gids`` (global ids; a repeat is one more query using the term)
         that fit the budget, for the exhaustive approximate pass, which reads every other
-        term from its packed blocks (``kernels.accumulate_packed``): those decoded already,
-        then those not, the most used first, each decoded where it fits beside the terms
-        pinned. A term two or more queries use may make room by giving back unpinned terms
-        that ``gids`` does not use, least recently used first (``evict``); a term one query
-        uses only takes free room: it is read once, and decoding it (about five times the
-        cost of reading it decoded, where reading it from its blocks costs about twice)
-        in place of terms other queries use only loses (a server answering one query at a
-        time otherwise decoded most of every long query's terms). Nothing outgrows the
-        budget, and no term of this batch is given back to make room for another of it
-        (which would decode them again and again). Yields (``poff``, ``pids``): per shard, the local
-        terms pinned, ascending (``pids[poff[s]:poff[s + 1]]``, the kernels' ``pk``)."""
+        term from its packed blocks (``kernels.accumulate_packed``). Each call counts how
+        often each term was asked for (`PackedShard.freq`, halved now and then: `_count`);
+        the terms decoded already are pinned, and those not, most asked for first, are
+        decoded where they fit beside them, making room by giving back unpinned terms that
+        ``gids`` does not use, least recently used first, but only terms asked for less
+        often than the one decoded (TinyLFU's admission): reading a term from its blocks
+        costs about twice reading it decoded and decoding it about five times, so decoding
+        a term that is read once in place of one other queries keep reading only loses (a
+        server answering one long question at a time at 3M decoded most of every query's
+        terms, least recently used first, at more CPU than reading them all from their
+        blocks), while a workload run again, or a new one, earns its terms their place.
+        Nothing outgrows the budget, and no term of this batch is given back to make room
+        for another of it. Yields (``poff``, ``pids``): per shard, the local terms pinned,
+        ascending (``pids[poff[s]:poff[s + 1]]``, the kernels' ``pk``)."""
         g, uses = np.unique(np.asarray(gids, dtype=np.int64), return_counts=True)
-        wanted = []  # (-uses, shard, local term)
+        local = []
         for s, sh in enumerate(self.shards):
             if sh.packed is not None:
                 li = sh.local_terms(g)
                 ok = li >= 0
-                wanted += zip((-uses[ok]).tolist(), [s] * int(ok.sum()), li[ok].tolist())
-        wanted.sort()
-        want = {(s, t) for _, s, t in wanted}
+                local.append((s, li[ok], uses[ok]))
         keys: list[tuple[int, int]] = []
         with self._lock:
             self._tick += 1
+            wanted = []  # (-times asked for, shard, local term)
+            for s, li, us in local:
+                f = self._count(s, li, us)
+                wanted += zip((-f).tolist(), [s] * len(li), li.tolist())
+            wanted.sort()
+            want = {(s, t) for _, s, t in wanted}
+            victims = None  # unpinned terms outside ``want``, least recently used first
+            vi = 0
+            out: dict[int, list] = {}
             todo: dict[int, list[int]] = {}
             reserved = 0
-            full = self._all or not evict  # nothing (more) to give back
-            # (`wanted` comes most used first: once a term used once is reached, no later
-            # one may give anything back either)
-            for negu, s, t in wanted:
+            for negf, s, t in wanted:
                 if (s, t) in self._lru:
                     keys.append((s, t))
                     continue
                 p = self.shards[s].packed
                 n = p.term_bytes(*p.span(t))
                 if self.used + reserved + n > self.budget:
-                    if full or negu > -2 or not self._room(reserved + n, want):
-                        full = True
+                    if victims is None:
+                        victims = [k for k in self._lru if k not in self._pins and k not in want]
+                    while self.used + reserved + n > self.budget and vi < len(victims):
+                        v = victims[vi]
+                        vi += 1
+                        if self.shards[v[0]].packed.freq[v[1]] >= -negf:
+                            continue  # asked for as often: it stays
+                        size, a, e = self._lru.pop(v)
+                        self._used_at.pop(v, None)
+                        self._next.pop(v, None)
+                        self.used -= size
+                        out.setdefault(v[0], []).append((v[1], a, e))
+                    if self.used + reserved + n > self.budget:
                         continue
                 todo.setdefault(s, []).append(t)
                 reserved += n
+            for vs, spans in out.items():
+                self.shards[vs].packed.release(spans)
             for s, ts in todo.items():  # a damaged block raises here, before any pin
                 self._decode(s, np.array(sorted(ts), dtype=np.int64))
                 keys += [(s, t) for t in ts]
@@ -483,23 +507,19 @@ class PostingsCache:
         finally:
             self._give(keys)
 
-    def _room(self, n: int, want: set) -> bool:
-        """Give back unpinned terms outside ``want``, least recently used first, until ``n``
-        more bytes fit the budget; whether they do (the caller holds the lock)."""
-        out: dict[int, list] = {}
-        for key in list(self._lru):
-            if self.used + n <= self.budget:
-                break
-            if key in self._pins or key in want:
-                continue
-            size, a, e = self._lru.pop(key)
-            self._used_at.pop(key, None)
-            self._next.pop(key, None)
-            self.used -= size
-            out.setdefault(key[0], []).append((key[1], a, e))
-        for s, spans in out.items():
-            self.shards[s].packed.release(spans)
-        return self.used + n <= self.budget
+    def _count(self, s: int, li: np.ndarray, uses: np.ndarray) -> np.ndarray:
+        """Add ``uses`` to shard ``s``'s counts of local terms ``li``; returns their counts.
+        Every ``FREQ_HALVING`` counts added, every count is halved, so what a workload asked
+        for long ago fades (the caller holds the lock)."""
+        f = self.shards[s].packed.freq
+        f[li] += uses.astype(f.dtype)
+        self._added += int(uses.sum())
+        if self._added >= FREQ_HALVING:
+            self._added = 0
+            for sh in self.shards:
+                if sh.packed is not None:
+                    sh.packed.freq >>= 1
+        return f[li]
 
     def pin_all(self) -> None:
         """Decode every term of every packed shard and keep them all (SIRA's batch kernel)."""
