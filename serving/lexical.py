@@ -354,7 +354,7 @@ class BM25Retriever:
         n = len(qptr) - 1
         # Each query's distinct terms: a repeat in ``fitting``'s input is one more query.
         uses = np.concatenate([np.unique(qgids[qptr[i]:qptr[i + 1]]) for i in range(n)] + [qgids[:0]])
-        with cache.fitting(uses) as (poff, pids):
+        with cache.fitting(uses, batch=n > 1) as (poff, pids):
             pk = (got[0], poff, pids, got[2])
             i = 0
             while i < n:

@@ -426,15 +426,17 @@ class PostingsCache:
             self._give(keys)
 
     @contextmanager
-    def fitting(self, gids: np.ndarray):
+    def fitting(self, gids: np.ndarray, batch: bool = False):
         """Pin the terms of ``gids`` (global ids; a repeat is one more query using the term)
         that fit the budget, for the exhaustive approximate pass, which reads every other
         term from its packed blocks (``kernels.accumulate_packed``). Each call counts how
         often each term was asked for (`PackedShard.freq`, halved now and then: `_count`);
         the terms decoded already are pinned, and those not, most asked for first, are
         decoded where they fit beside them, making room by giving back unpinned terms that
-        ``gids`` does not use, least recently used first, but only terms asked for less
-        often than the one decoded (TinyLFU's admission): reading a term from its blocks
+        ``gids`` does not use, least recently used first: any of them for a ``batch`` of
+        queries (it is run as a whole, and a workload run in batches runs again: what it
+        decodes it reads many times), else only terms asked for less often than the one
+        decoded (TinyLFU's admission, for one query at a time): reading a term from its blocks
         costs about twice reading it decoded and decoding it about five times, so decoding
         a term that is read once in place of one other queries keep reading only loses (a
         server answering one long question at a time at 3M decoded most of every query's
@@ -476,7 +478,7 @@ class PostingsCache:
                     while self.used + reserved + n > self.budget and vi < len(victims):
                         v = victims[vi]
                         vi += 1
-                        if self.shards[v[0]].packed.freq[v[1]] >= -negf:
+                        if not batch and self.shards[v[0]].packed.freq[v[1]] >= -negf:
                             continue  # asked for as often: it stays
                         size, a, e = self._lru.pop(v)
                         self._used_at.pop(v, None)
