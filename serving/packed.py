@@ -1,33 +1,42 @@
-"""Serving packed postings (``funnel build --postings packed``): the kernels' plain arrays,
-decoded on demand into a bounded cache.
+"""Serving packed postings (``funnel build --postings packed``): a bounded cache of terms
+decoded into the kernels' plain arrays, and every other term read from its blocks.
 
 A packed shard stores its postings bit-packed (``kernels/packed.py``: about a fifth of the
-plain ``docs.npy`` + ``tfs.npy`` + ``impacts.npy``). The kernels read plain arrays, so each
-packed shard gets three of them, as large as its postings, in anonymous memory that costs
-nothing until written (``PackedShard.docs``, ``.tfs``, ``.impacts``: once the exhaustive path
-asks for them, each posting's impact level for the default parameters, computed as the build
-computes a plain shard's). Before a kernel runs, every term it will read is decoded into its
-own place in them and pinned (`PostingsCache.pinned`); after it, the least recently used
-terms beyond the cache's budget give their pages back to the system
-(``madvise(MADV_DONTNEED)``, a page shared with a neighbouring term once neither is decoded),
-so a process holds the packed files plus at most about the budget of decoded postings, plus
-the terms one batch is reading at once. The budget is ``FUNNEL_POSTINGS_CACHE_MB`` (default
-``DEFAULT_CACHE_MB``); the terms most queries share (the long lists) stay decoded, so a
-steady workload decodes little. Terms are given back least recently used first, except while
-a batch runs in parts (`PostingsCache.batch`): then the terms its later parts need go last,
-and of the rest those it used most recently go first, so a batch whose terms outgrow the
-budget, run again, keeps its earliest parts' terms instead of decoding every term again on
-every run (`PostingsCache._trim`; segmented and random eviction were tried too and did worse
-on some workload of ``bench_workloads``).
+plain ``docs.npy`` + ``tfs.npy`` + ``impacts.npy``). Each packed shard gets the plain arrays
+the kernels read, as large as its postings, in anonymous memory that costs nothing until
+written (``PackedShard.docs``, ``.tfs``, ``.impacts``: once the exhaustive path asks for
+them, each posting's impact level for the default parameters, computed as the build
+computes a plain shard's), and decodes terms into their own places in them.
+
+With the default parameters (stored levels in use), a query or batch pins the terms that
+fit the budget (`PostingsCache.fitting`: those decoded already, then the most asked for)
+and the exhaustive approximate pass reads the rest straight from their blocks
+(``kernels.accumulate_packed``, rescored through ``kernels.packed_tfs``), so a workload
+whose terms outgrow the budget neither grows the process nor decodes them again and again.
+What may give its place to a term being decoded: for a batch of queries, any unpinned term
+the batch does not use (least recently used first); for one query, only terms asked for
+less often (TinyLFU's admission). Every other path (pruning, other ``k1``/``b``, filtered
+search) reads decoded postings: its terms are decoded and pinned (`PostingsCache.pinned`,
+or the kernel answers ``NEED_DECODED`` and the query is answered again that way), and
+after it the least recently used terms beyond the budget give their pages back to the
+system (``madvise(MADV_DONTNEED)``, a page shared with a neighbouring term once neither is
+decoded). So a process holds the packed files plus at most about the budget of decoded
+postings, plus the terms one query is reading at once. The budget is
+``FUNNEL_POSTINGS_CACHE_MB`` (default ``DEFAULT_CACHE_MB``). A batch on those other paths
+runs in parts (`PostingsCache.batch`): the terms its later parts need go last, and of the
+rest those it used most recently go first, so a batch whose terms outgrow the budget, run
+again, keeps its earliest parts' terms instead of decoding every term again on every run
+(`PostingsCache._trim`; segmented and random eviction were tried too and did worse on some
+workload of ``bench_workloads``).
 
 Nothing else reads the shared arrays: the NumPy paths (explanations, filters' counts,
 paging) decode a term into arrays of their own (`PackedShard.term`), and SIRA's batch kernel,
 which chooses its expansion terms inside the kernel, decodes every term once and keeps them
 (`PostingsCache.pin_all`: SIRA's forward index already holds every posting in memory).
 
-Every value decoded is checked as it is decoded (``kernels/packed.py``); a damaged block
-raises ``ShardFault`` naming ``packed.npy``, and the open checks the block table itself
-(`check_packed`).
+Every value is checked as it is decoded or read from its block (``kernels/packed.py``); a
+damaged block raises ``ShardFault`` (or the kernel's ``FAULT_PACKED``) naming ``packed.npy``,
+and the open checks the block table itself (`check_packed`).
 """
 
 from __future__ import annotations
