@@ -272,15 +272,32 @@ class PostingsCache:
                 for s, li in wanted:
                     self._decode(s, li[~self.shards[s].packed.decoded[li]])
                     for t in li.tolist():
-                        key = (s, t)
-                        self._lru.move_to_end(key)
-                        self._used_at[key] = self._tick
-                        self._pins[key] = self._pins.get(key, 0) + 1
-                        keys.append(key)
+                        self._pin((s, t))
+                        keys.append((s, t))
             except BaseException:
                 self._unpin(keys)
                 raise
         return keys
+
+    def _pin(self, key: tuple[int, int]) -> None:
+        """Pin decoded term ``key`` as used now (the caller holds the lock)."""
+        self._lru.move_to_end(key)
+        self._used_at[key] = self._tick
+        self._pins[key] = self._pins.get(key, 0) + 1
+
+    def _forget(self, key: tuple[int, int], out: dict[int, list]) -> None:
+        """Drop unpinned term ``key`` from the cache, its span added to ``out`` (per shard)
+        for `_release` (the caller holds the lock)."""
+        n, a, e = self._lru.pop(key)
+        self._used_at.pop(key, None)
+        self._next.pop(key, None)
+        self.used -= n
+        out.setdefault(key[0], []).append((key[1], a, e))
+
+    def _release(self, out: dict[int, list]) -> None:
+        """Give the pages of the terms `_forget` collected back to the system."""
+        for s, spans in out.items():
+            self.shards[s].packed.release(spans)
 
     def _unpin(self, keys: list[tuple[int, int]]) -> None:
         for key in keys:
@@ -341,16 +358,10 @@ class PostingsCache:
                     break
                 if key in self._pins:
                     continue
-                s, t = key
-                n, a, e = self._lru.pop(key)
-                self._used_at.pop(key, None)
-                self._next.pop(key, None)
-                self.used -= n
-                out.setdefault(s, []).append((t, a, e))
+                self._forget(key, out)
             if self.used <= self.budget:
                 break
-        for s, spans in out.items():
-            self.shards[s].packed.release(spans)
+        self._release(out)
 
     @contextmanager
     def batch(self, parts: list[np.ndarray]):
@@ -489,24 +500,17 @@ class PostingsCache:
                         vi += 1
                         if not batch and self.shards[v[0]].packed.freq[v[1]] >= -negf:
                             continue  # asked for as often: it stays
-                        size, a, e = self._lru.pop(v)
-                        self._used_at.pop(v, None)
-                        self._next.pop(v, None)
-                        self.used -= size
-                        out.setdefault(v[0], []).append((v[1], a, e))
+                        self._forget(v, out)
                     if self.used + reserved + n > self.budget:
                         continue
                 todo.setdefault(s, []).append(t)
                 reserved += n
-            for vs, spans in out.items():
-                self.shards[vs].packed.release(spans)
+            self._release(out)
             for s, ts in todo.items():  # a damaged block raises here, before any pin
                 self._decode(s, np.array(sorted(ts), dtype=np.int64))
                 keys += [(s, t) for t in ts]
             for key in keys:
-                self._lru.move_to_end(key)
-                self._used_at[key] = self._tick
-                self._pins[key] = self._pins.get(key, 0) + 1
+                self._pin(key)
         by = sorted(keys)
         poff = np.zeros(len(self.shards) + 1, dtype=np.int64)
         for s, _ in by:

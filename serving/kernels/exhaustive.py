@@ -504,6 +504,7 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
     local = np.empty(gids.shape[0], dtype=np.int64)
     dec = np.empty(gids.shape[0], dtype=np.int64)
     unp = np.full(gids.shape[0], -1, dtype=np.int64)
+    nop = _no_packed()
     c = _approx_keep(gids.shape[0])
     c = c * c
     margin = _approx_margin(weights)
@@ -565,7 +566,7 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
             nn, tv, tr = _rescore_shard(*args, dec, weights, ids, *tail, unp, pw, pb, pf, pwd, ptb, pe, info[0])
         else:
             unp[:] = -1
-            nn, tv, tr = _rescore_shard(*args, local, weights, ids, *tail, unp, *_no_packed(), 0)
+            nn, tv, tr = _rescore_shard(*args, local, weights, ids, *tail, unp, *nop, 0)
         if nn < 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0), (s << 8) | -nn
         j = e

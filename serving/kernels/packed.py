@@ -81,6 +81,15 @@ def _uget(words, bit, mask):
     return x & mask
 
 
+@jit(inline="always")
+def _block_fits(o, e, n, wd, wt, nw):
+    """Whether a block of ``n`` postings at widths (``wd``, ``wt``) whose words are [o, e)
+    (``boff[b]``, ``boff[b + 1]``, each read once by the caller) is one the stream can hold:
+    widths of at most 31 bits, a start inside the stream, and the size its widths give,
+    ending before the padding word (``nw``: the stream's words less it)."""
+    return not (wd > 31 or wt > 31 or o < 0 or e - o != _words(n, wd, wt) or e > nw)
+
+
 @jit
 def pack_postings(indptr, docs, tfs):
     """(words uint32, boff int64 [nb + 1], first int32 [nb], width uint8 [nb, 2]) of a shard's
@@ -145,7 +154,7 @@ def _unpack_range(words, boff, first, width, b, a, e, n_docs, max_tf, odocs, otf
         wd = np.int64(width[b, 0])
         wt = np.int64(width[b, 1])
         o = boff[b]
-        if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+        if not _block_fits(o, boff[b + 1], n, wd, wt, nw):
             return FAULT_DOCS
         d = np.int64(first[b])
         if d <= prev or d >= n_docs:
@@ -318,7 +327,7 @@ def _block_docs(words, boff, first, width, b, n, n_docs, prev, buf):
     wd = np.int64(width[2 * b])
     wt = np.int64(width[2 * b + 1])
     o = boff[b]
-    if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+    if not _block_fits(o, boff[b + 1], n, wd, wt, nw):
         return np.int64(-1), np.uint64(0), np.uint64(0)
     d = np.int64(first[b])
     if d <= prev or d >= n_docs:
@@ -444,7 +453,7 @@ def packed_tfs(words, boff, first, width, tblock, ends, max_tf, n_docs, li, ids,
         wd = np.int64(width[2 * b])
         wt = np.int64(width[2 * b + 1])
         o = boff[b]
-        if wd > 31 or wt > 31 or o < 0 or boff[b + 1] - o != _words(n, wd, wt) or boff[b + 1] > nw:
+        if not _block_fits(o, boff[b + 1], n, wd, wt, nw):
             return FAULT_PACKED
         d = np.int64(first[b])
         if d < 0 or d >= n_docs:
