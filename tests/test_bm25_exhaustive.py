@@ -146,9 +146,10 @@ def test_choosing_pruning_per_query_keeps_the_answers(monkeypatch, use_impacts):
 def test_approximate_candidates_keep_every_possible_top_k_document():
     """``_approx_margin``'s bound covers the quantization of every impact: for sums of up
     to 200 terms, impacts quantized as the build does (``_quantize``, levels rounded up)
-    and summed as the kernel does (weights times ``IMPACT_STEP``), the exact k-th score's
-    documents all approximate at least c² times the approximate k-th less the margin (the
-    candidate bar), whatever the weights' magnitudes; and the bar keeps few documents past
+    and summed as the kernel does (weights times ``IMPACT_STEP``, all in float32),
+    the exact k-th score's documents all approximate at least c times the approximate k-th
+    less the margin (the candidate bar; c: ``_approx_keep``'s float32 and float64 factors),
+    whatever the weights' magnitudes; and the bar keeps few documents past
     the exact top k on these sums (the margin is not vacuous)."""
     rng = np.random.default_rng(7)
     quantize = np.vectorize(kernels._quantize)
@@ -163,16 +164,17 @@ def test_approximate_candidates_keep_every_possible_top_k_document():
         assert ((q >= 1) | (v == 0)).all() and (q <= kernels.IMPACT_LEVELS).all()
         assert (q * kernels.IMPACT_STEP >= v).all() and ((q - 1) * kernels.IMPACT_STEP < v)[v > 0].all()
         exact = np.zeros(n)
-        approx = np.zeros(n)
-        qw = w * kernels.IMPACT_STEP
-        for i in range(T):  # in order, as the kernels add them
+        approx = np.zeros(n, dtype=np.float32)
+        qw = (w * kernels.IMPACT_STEP).astype(np.float32)
+        for i in range(T):  # in order, as the kernels add them: float64 exact, float32 approximate
             exact += w[i] * v[:, i]
-            approx += qw[i] * q[:, i]
+            approx += qw[i] * q[:, i].astype(np.float32)
+        approx = approx.astype(np.float64)
         k = int(rng.integers(1, 50))
         kth_exact = np.sort(exact)[::-1][k - 1]
         kth_approx = np.sort(approx)[::-1][k - 1]
-        c = kernels._approx_keep(T)
-        bar = kth_approx * c * c - kernels._approx_margin(w)
+        c = kernels._approx_keep(T, 2.0 ** -24) * kernels._approx_keep(T, 2.0 ** -53)
+        bar = kth_approx * c - kernels._approx_margin(w)
         assert (approx[exact >= kth_exact] >= bar).all(), trial
         extra.append(int((approx >= bar).sum()) - k)
     assert np.median(extra) < 300 - 50  # most documents are still ruled out

@@ -351,11 +351,12 @@ def _block_docs(words, boff, first, width, b, n, n_docs, prev, buf):
 @jit(inline="always")
 def _level(tf, c, table, ltab, ucap, nt):
     """A posting's stored level for the default parameters, as `unpack_terms_levels` computes
-    it (``tf``, ``c``, ``ucap``, ``nt``: ``np.uint64``)."""
+    it (``tf``, ``c``, ``ucap``, ``nt``: ``np.uint64``), as float32 (a whole number: exact),
+    the approximate pass's arithmetic (``exhaustive._accumulate_levels``)."""
     if tf < ucap:
-        return np.float64(ltab[tf * nt + c])
+        return np.float32(ltab[tf * nt + c])
     x = np.float64(tf)
-    return _quantize(x / (x + table[c]))
+    return np.float32(_quantize(x / (x + table[c])))  # a whole number up to IMPACT_LEVELS: exact
 
 
 @jit
