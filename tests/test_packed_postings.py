@@ -290,9 +290,9 @@ def test_a_batch_that_outgrows_the_cache_decodes_at_most_the_budget(pair, monkey
 def test_a_full_cache_decodes_a_term_for_a_query_only_once_it_is_asked_for_more_often(pair, monkeypatch):
     """A full cache: a query whose terms were never asked for reads them from their blocks
     and gives nothing back (decoding a term read once, in place of one other queries keep
-    reading, only loses); asked for again, they are asked for more often than the terms
-    held, which give them their place (least recently used first). Every answer is the
-    plain index's."""
+    reading, only loses), nor when they are asked for twice as often as the terms held;
+    asked for more often than that, the terms held give them their place (least recently
+    used first). Every answer is the plain index's."""
     plain, packed, _ = pair
     first, other = "river apple stone market", "dolphin falcon glacier island"
     with Searcher(packed) as s:
@@ -308,6 +308,8 @@ def test_a_full_cache_decodes_a_term_for_a_query_only_once_it_is_asked_for_more_
         assert held and cache.used == fill
         assert [(h.doc_id, h.score) for h in s.search(other, mode="bm25", k=10).hits] == want
         assert set(cache._lru) == held and cache.decoded_bytes == decoded  # nothing decoded, nothing given back
+        assert [(h.doc_id, h.score) for h in s.search(other, mode="bm25", k=10).hits] == want
+        assert set(cache._lru) == held and cache.decoded_bytes == decoded  # twice as often: not yet
         assert [(h.doc_id, h.score) for h in s.search(other, mode="bm25", k=10).hits] == want
         assert set(cache._lru) - held and held - set(cache._lru)  # some decoded, some given back
         assert cache.decoded_bytes > decoded and cache.used <= cache.budget and not cache._pins
