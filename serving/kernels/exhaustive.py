@@ -97,14 +97,15 @@ def _accumulate_term(docs, tfs, code, table, itab, cap, a0, e0, w, acc, touched,
 
 
 @jit
-def _accumulate_levels(indptr, docs, local, weights, acc, touched, m, imp):
-    """The approximate pass's `_accumulate`: each listed term's ``weights[i]`` times each of
-    its postings' stored levels ``imp``, all in float32 (``acc`` a float32 view of the
-    accumulator, ``weights`` float32): half the bytes the scattered additions touch and no
-    conversions, ~25% less time a posting than float64 at 3M documents (`_approx_keep`
-    bounds the rounding). First-seen documents go to ``touched`` after the ``m`` there
-    (branch-free; every level at least 1 and every weight positive: a sum never comes back
-    to 0). Returns the new count, or ``-FAULT_*`` at a damaged posting or range."""
+def _accumulate_levels(indptr, docs, local, weights, acc, touched, m, imp, listed):
+    """The approximate pass's `_accumulate` (``listed``) or `_accumulate_dense` (not): each
+    listed term's ``weights[i]`` times each of its postings' stored levels ``imp``, all in
+    float32 (``acc`` a float32 view of the accumulator, ``weights`` float32): half the bytes
+    the scattered additions touch and no conversions, ~25% less time a posting than float64
+    at 3M documents (`_approx_keep` bounds the rounding). With ``listed``, first-seen
+    documents go to ``touched`` after the ``m`` there (branch-free; every level at least 1
+    and every weight positive: a sum never comes back to 0). Returns the new count (0
+    without ``listed``), or ``-FAULT_*`` at a damaged posting or range."""
     um = np.uint64(m)
     npost = docs.shape[0]
     und = np.uint64(acc.shape[0])
@@ -121,33 +122,15 @@ def _accumulate_levels(indptr, docs, local, weights, acc, touched, m, imp):
             v = imp[p]
             if BOUNDS_CHECK and ((d >= und) | (v == 0)):
                 return -(FAULT_DOCS if d >= und else FAULT_IMPACTS)
-            a = acc[d]
-            touched[um] = d
-            um += np.uint64(a == 0.0)
-            acc[d] = a + w * np.float32(v)
+            x = w * np.float32(v)
+            if listed:  # loop-invariant: LLVM unswitches it
+                a = acc[d]
+                touched[um] = d
+                um += np.uint64(a == 0.0)
+                acc[d] = a + x
+            else:
+                acc[d] += x
     return np.int64(um)
-
-
-@jit
-def _accumulate_levels_dense(indptr, docs, local, weights, acc, imp):
-    """`_accumulate_levels` without the list of touched documents (`_accumulate_dense`'s
-    form); returns 0 or ``-FAULT_*``."""
-    npost = docs.shape[0]
-    und = np.uint64(acc.shape[0])
-    for i in range(local.shape[0]):
-        li = local[i]
-        if li < 0:
-            continue
-        w = weights[i]
-        a0, e0 = indptr[li], indptr[li + 1]
-        if not _range_ok(a0, e0, npost):
-            return -FAULT_INDPTR
-        for p in range(np.uint64(a0), np.uint64(e0)):
-            d = np.uint64(docs[p])
-            if BOUNDS_CHECK and d >= und:
-                return -FAULT_DOCS
-            acc[d] += w * np.float32(imp[p])
-    return 0
 
 
 @jit(inline="always")
@@ -215,9 +198,8 @@ def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights,
     list costs a store per posting whose address waits on the accumulator's load, so a
     query with about as many postings as the shard has documents pays more for it than
     for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
-    bits as the grid's) or stored levels (``IMPACT_DTYPE``, the weights scaled by
-    ``IMPACT_STEP``: approximate sums, rescored after); empty:
-    from the grid. Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
+    bits as the grid's); empty: from the grid (the approximate pass's stored levels:
+    `_accumulate_levels`). Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
     at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
     stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
     ucap = np.uint64(cap)
@@ -583,7 +565,7 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
         nun = _split_pinned(local, pids, poff[s], poff[s + 1], dec, unp) if packed else 0
         loc = dec if nun else local
         if _is_dense(indptr, local, nd, dense_min):
-            f = _accumulate_levels_dense(indptr, docs, loc, qweights, acc32[:nd], imp)
+            f = _accumulate_levels(indptr, docs, loc, qweights, acc32[:nd], touched, 0, imp, False)
             if f >= 0 and nun:
                 f = accumulate_packed(*_packed_of(pmeta, s), code, table, ltab, cap, unp, qweights, acc32[:nd],
                                       touched, 0, False)
@@ -592,7 +574,7 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
             av, ad, n, bar = _approx_offer(acc32[:nd], touched, -1, np.int64(s) << 32, av, ad, n, bar, k, c,
                                            margin)
         else:
-            m = _accumulate_levels(indptr, docs, loc, qweights, acc32[:nd], touched[:nd + 1], 0, imp)
+            m = _accumulate_levels(indptr, docs, loc, qweights, acc32[:nd], touched[:nd + 1], 0, imp, True)
             if m >= 0 and nun:
                 m = accumulate_packed(*_packed_of(pmeta, s), code, table, ltab, cap, unp, qweights, acc32[:nd],
                                       touched[:nd + 1], m, True)
