@@ -180,6 +180,39 @@ def test_approximate_candidates_keep_every_possible_top_k_document():
     assert np.median(extra) < 300 - 50  # most documents are still ruled out
 
 
+
+@needs_numba
+def test_the_rescoring_lookup_finds_every_posting_and_reads_only_its_range():
+    """``_find_all`` (interpolation, then galloping, then halving): on ascending lists,
+    spread evenly or clustered, with values beside the range that must not be read, every
+    id's position is numpy's ``searchsorted``'s where the id is there and -1 where not; on
+    lists that do not ascend (a damaged ``docs.npy``) every position it gives lies in the
+    range and holds the id."""
+    from funnel.serving.kernels.exhaustive import _find_all
+    rng = np.random.default_rng(3)
+    for t in range(2000):
+        nd = int(rng.integers(1, 5000))
+        docs = np.sort(rng.choice(nd, size=min(int(rng.integers(0, 300)), nd), replace=False)).astype(np.int32)
+        if t % 5 == 0 and len(docs) > 3:  # clustered: most of the list in the first 30 ids
+            docs = np.unique(np.concatenate([docs[-3:], rng.integers(0, 30, size=len(docs))])).astype(np.int32)
+        pad = int(rng.integers(0, 5))
+        arr = np.concatenate([np.full(pad, -7, np.int32), docs, np.full(pad, 10 ** 6, np.int32)])
+        lo, hi = pad, pad + len(docs)
+        ids = np.sort(rng.choice(nd + 10, size=min(int(rng.integers(0, 60)), nd + 10), replace=False)) - 3
+        pos = np.empty(len(ids), dtype=np.int64)
+        _find_all(arr, lo, hi, ids.astype(np.int64), pos)
+        at = np.searchsorted(docs, ids)
+        found = (at < len(docs)) & (docs[np.minimum(at, max(len(docs) - 1, 0))] == ids) if len(docs) else at < 0
+        assert (pos == np.where(found, lo + at, -1)).all(), t
+    for t in range(2000):
+        arr = rng.integers(-10, 1000, size=int(rng.integers(1, 200))).astype(np.int32)
+        lo = int(rng.integers(0, len(arr)))
+        hi = int(rng.integers(lo, len(arr) + 1))
+        ids = np.sort(rng.integers(-5, 1005, size=20)).astype(np.int64)
+        pos = np.empty(20, dtype=np.int64)
+        _find_all(arr, lo, hi, ids, pos)
+        assert ((pos == -1) | ((pos >= lo) & (pos < hi))).all() and (arr[pos[pos >= 0]] == ids[pos >= 0]).all()
+
 @needs_numba
 def test_the_build_stores_the_impacts_serving_reads(demo_index_4):
     """Every shard's ``impacts.npy`` is published and checksummed, holds each posting's
