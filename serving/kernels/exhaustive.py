@@ -466,8 +466,8 @@ def _find_all(docs, lo, hi, ids, pos):
     its first and last (interpolation), gallops out from there until it brackets the id, then
     halves the bracket: a term's documents are spread about evenly over a shard, so the
     probes stay within a few cache lines of the first one, where a binary search over the
-    whole list took ~log2(n) probes across as many pages (at 3M documents, k=100 candidates
-    of a long question: 15-20% of its time went to these lookups). Every probe lies in
+    whole list took ~log2(n) probes across as many pages (at 3M documents, a long question's
+    100 candidates: 1.4-1.6 ms of lookups against 1.2-1.35 now, of 10-12 ms). Every probe lies in
     [lo, hi) whatever ``docs`` holds; a list that does not ascend finds less, never reads
     outside it."""
     m = ids.shape[0]
