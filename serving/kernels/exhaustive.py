@@ -199,8 +199,8 @@ def _accumulate_dense(indptr, docs, tfs, code, table, itab, cap, local, weights,
     query with about as many postings as the shard has documents pays more for it than
     for one pass over the accumulator. ``imp``: each posting's impact, float64 (the same
     bits as the grid's); empty: from the grid (the approximate pass's stored levels:
-    `_accumulate_levels`). Same order of additions as ``_accumulate``. Returns 0, or ``-FAULT_*``
-    at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
+    `_accumulate_levels`). Same order of additions as ``_accumulate``. Returns 0, or
+    ``-FAULT_*`` at a damaged posting (no touched list: any weights, any tf or impact is safe here)."""
     stored = imp.shape[0] > 0  # loop-invariant: LLVM unswitches it
     ucap = np.uint64(cap)
     nt = np.uint64(table.shape[0])
@@ -467,9 +467,9 @@ def _find_all(docs, lo, hi, ids, pos):
     halves the bracket: a term's documents are spread about evenly over a shard, so the
     probes stay within a few cache lines of the first one, where a binary search over the
     whole list took ~log2(n) probes across as many pages (at 3M documents, a long question's
-    100 candidates: 1.4-1.6 ms of lookups against 1.2-1.35 now, of 10-12 ms). Every probe lies in
-    [lo, hi) whatever ``docs`` holds; a list that does not ascend finds less, never reads
-    outside it."""
+    100 candidates: 1.4-1.6 ms of lookups against 1.2-1.35 now, of 10-12 ms). Every probe
+    lies in [lo, hi) whatever ``docs`` holds; a list that does not ascend finds less, never
+    reads outside it."""
     m = ids.shape[0]
     n = hi - lo
     if n <= 0:
@@ -556,8 +556,8 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
                    weights, k, pk):
     """``search_shards_plain`` over the stored quantized impacts (positive weights):
     every shard's approximate scores (each posting's ``IMPACT_DTYPE`` level times its
-    term's weight · ``IMPACT_STEP``, in float32: `_accumulate_levels`) into one candidate buffer whose
-    bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
+    term's weight · ``IMPACT_STEP``, in float32: `_accumulate_levels`) into one candidate
+    buffer whose bar is its k-th best less the proven margin (`_approx_margin`), then the survivors
     (the k best and their near-ties) rescored exactly (``_rescore_shard``) and ranked:
     the same documents and bits as exhaustive float64 scoring, at two bytes a posting
     read instead of a tf, a length code and a table cell. A packed shard's terms not pinned
