@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import BOUNDS_CHECK, jit, _view
+from ._jit import BOUNDS_CHECK, jit, _prefetch, _view
 from .checks import _bad_posting, _posting_fault, _range_ok
 from .decode import _find, _impact_u, _local_terms
 from .heap import _kth_vals, _new_top, _offer_one, _offer_scores, _top_sorted
@@ -459,6 +459,12 @@ def _approx_offer(acc, ids, m, base, av, ad, n, bar, k, c, margin):
         av, ad = nav, nad
 
 
+#: Postings on either side of its interpolated position whose cache lines `_find_all` asks
+#: for before any search: a long question's lookups at 1M documents land a median 23
+#: postings from it (90%: within 90).
+FIND_AHEAD = 32
+
+
 @jit
 def _find_all(docs, lo, hi, ids, pos):
     """``pos[j]``: the position of ``ids[j]`` in ``docs[lo:hi]`` (ascending), or -1. Each
@@ -467,7 +473,11 @@ def _find_all(docs, lo, hi, ids, pos):
     halves the bracket: a term's documents are spread about evenly over a shard, so the
     probes stay within a few cache lines of the first one, where a binary search over the
     whole list took ~log2(n) probes across as many pages (at 3M documents, a long question's
-    100 candidates: 1.4-1.6 ms of lookups against 1.2-1.35 now, of 10-12 ms). Every probe
+    100 candidates: 1.4-1.6 ms of lookups against 1.2-1.35 then, of 10-12 ms). The lines
+    around every id's first probe are prefetched before any search (``FIND_AHEAD``), so
+    their misses overlap instead of each waiting on the branch before it: 20-25% less time
+    in the lookups (0.25-0.30 ms a long question at 1M documents with 24 candidates a
+    shard, against 0.33-0.40). Every probe
     lies in [lo, hi) whatever ``docs`` holds; a list that does not ascend finds less, never
     reads outside it."""
     m = ids.shape[0]
@@ -478,6 +488,11 @@ def _find_all(docs, lo, hi, ids, pos):
     first = np.int64(docs[lo])
     last = np.int64(docs[hi - 1])
     scale = (n - 1) / max(last - first, 1)
+    for j in range(m):  # every search's first cache lines asked for at once (no branch waits)
+        x = min(max(np.int64(ids[j]), first), last)
+        g = lo + min(np.int64((x - first) * scale), n - 1)
+        for t in range(-FIND_AHEAD, FIND_AHEAD + 1, 16):
+            _prefetch(docs, min(max(g + t, lo), hi - 1))
     for j in range(m):
         x = np.int64(ids[j])
         if x < first or x > last:
