@@ -323,7 +323,7 @@ def _matching_positions(vs: "VersionSearcher", prefix: str | None, glob: str | N
     pos = docs.sorted_positions()[lo:hi]
     if glob is not None:
         rx = re.compile(fnmatch.translate(glob))
-        ids = docs.all_ids[pos]
+        ids = docs.ids_at(pos)
         pos = pos[np.fromiter((rx.match(i) is not None for i in ids), dtype=bool, count=len(ids))]
     if _restricted(principal):
         mask = vs.mask(None, principal)
@@ -337,7 +337,7 @@ def matching_ids(vs: "VersionSearcher", prefix: str | None, glob: str | None, pr
     """(the first ``limit`` ids, in id order, that start with ``prefix`` or match ``glob`` and
     that ``principal`` may read; how many there are)."""
     pos = _matching_positions(vs, prefix, glob, principal)
-    return vs.index.docs.all_ids[pos[:limit]].tolist(), int(len(pos))
+    return vs.index.docs.ids_at(pos[:limit]).tolist(), int(len(pos))
 
 
 def get_documents(vs: "VersionSearcher", doc_ids: list[str] | None, start=None, end=None, *,

@@ -260,8 +260,12 @@ class BM25Retriever:
                     proto = (np.zeros(0, dtype=np.int32 if exact else np.uint8),  # see kernels.shard_table
                              np.zeros(0, dtype=kernels.tf_dtype(shards)))
                     doc_off = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
-                    id_rank = np.concatenate([np.zeros(0, dtype=np.int64)] +
-                                             [np.asarray(r, dtype=np.int64) for r in self.index.docs.id_rank])
+                    whole = getattr(self.index.docs, "rank", None)  # DocStore's: the shards' ranks in order
+                    if isinstance(whole, np.ndarray) and whole.dtype == np.int64 and whole.flags.writeable:
+                        id_rank = whole  # not a second copy (8 bytes a document)
+                    else:
+                        id_rank = np.concatenate([np.zeros(0, dtype=np.int64)] +
+                                                 [np.asarray(r, dtype=np.int64) for r in self.index.docs.id_rank])
                     args = (meta, proto, doc_off, id_rank, keep)
                     self._kernel_args[length_norm] = args
         return args
@@ -523,10 +527,10 @@ class BM25Retriever:
 
     def doc_ids_at(self, pos: np.ndarray) -> np.ndarray:
         """Doc ids (object array) at global positions (shards concatenated in order)."""
-        ids = self.index.docs.all_ids
-        if len(ids) == 0:  # an empty index: every row is padding
+        docs = self.index.docs
+        if len(docs) == 0:  # an empty index: every row is padding
             return np.full(np.shape(pos), None, dtype=object)
-        return ids[pos]
+        return docs.ids_at(pos)
 
     def search_texts(self, texts: list[str], k: int, params: BM25Params | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -122,10 +122,10 @@ class PassageBM25:
 
     def doc_ids_at(self, pos: np.ndarray) -> np.ndarray:
         """Doc ids (object array) at the parent's global positions."""
-        ids = self.index.docs.all_ids
-        if len(ids) == 0:
+        docs = self.index.docs
+        if len(docs) == 0:
             return np.full(np.shape(pos), None, dtype=object)
-        return ids[pos]
+        return docs.ids_at(pos)
 
     # -- the mask ------------------------------------------------------------------------
     def _passage_mask(self) -> filters.Mask | None:

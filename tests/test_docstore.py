@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -188,6 +189,44 @@ def test_the_build_stores_every_id_and_its_rank_in_doc_id_order(built):
         index_mod._read_parquet = real
 
 
+def _ids_at_agree(store, ids: list[str]) -> None:
+    """``ids_at`` on both its paths (each id cut from the buffers, and Arrow's take) gives
+    ``ids`` at every position, negative ones too, in the positions' shape; a position out of
+    range is an IndexError on both."""
+    n = len(ids)
+    pos = np.array([[0, n - 1, -1], [-n, n // 2, 3]])
+    want = np.asarray(ids, dtype=object)
+    for take_above in (128, 0):
+        store.TAKE_ABOVE = take_above
+        assert store.ids_at(np.arange(n)).tolist() == ids
+        got = store.ids_at(pos)
+        assert got.shape == pos.shape and got.tolist() == want[pos].tolist()
+        assert store.ids_at(np.zeros((0, 4), np.int64)).shape == (0, 4)
+        for bad in (n, -n - 1):
+            with pytest.raises(IndexError, match="out of range"):
+                store.ids_at([0, bad])
+    del store.TAKE_ABOVE
+
+
+def test_ids_by_position_never_make_every_id_a_str(built):
+    """A search's doc ids, ``doc_id`` and ``doc_ids_of`` are cut from the ids file's buffers
+    (``ids_at``): the object array of every id (~70 bytes a document, ~200 MiB at 3M) is
+    made only where every id is needed (the map by id)."""
+    from funnel.serving.search import open_index
+    vdir, _ = built
+    ids = _ids_in_docno_order(vdir)
+    store = DocStore(vdir, 1)
+    _ids_at_agree(store, ids)
+    assert store.doc_id(7) == ids[7] and store.doc_ids_of(np.array([3, 1])) == [ids[3], ids[1]]
+    assert store._all_ids is None
+    root = os.path.dirname(vdir)
+    with open_index(root) as ix:
+        out = ix.search_batch({"a": "document says word", "b": "word"}, k=5)
+        assert out["a"] and all(d in ids for d, _ in out["a"] + out["b"])
+        assert ix.search("document says word", k=3).hits
+        assert ix.index.docs._all_ids is None
+
+
 def _copy_version(vdir: str, dest) -> str:
     import shutil
     shutil.copytree(vdir, dest, ignore=shutil.ignore_patterns(".readers", ".verified"))
@@ -213,6 +252,7 @@ def test_an_index_without_the_ids_file_sorts_its_ids_at_open(built, tmp_path):
         assert ix.index.docs.id_rank[0].tolist() == stored.id_rank[0].tolist()
         assert ix.index.docs.all_ids.tolist() == stored.all_ids.tolist()
         assert ix.search("document says word", k=3).hits
+        _ids_at_agree(ix.index.docs, stored.all_ids.tolist())
 
 
 @pytest.mark.parametrize("rows, says", [(N_DOCS - 1, "expected one row per document"),
