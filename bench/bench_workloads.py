@@ -545,7 +545,9 @@ def render(res: dict, command: str) -> str:
     L = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, shared with other jobs (1-minute load average "
          "over the timing children: " + ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → "
                                                   f"{r['tp'].get('load_end', 0):.1f}" for c, r in res["corpora"].items())
-         + "). Command: `" + command + "`. " + res.get("how", "All figures below come from this one run."), ""]
+         + "). Command: `" + command + "`. " + res.get("how", "All figures below come from this one run.")
+         + (" funnel read its plain postings into memory at open (`FUNNEL_LOAD_POSTINGS=1`, as bm25s loads its "
+            "arrays) instead of mapping them." if res.get("load_postings") else ""), ""]
     rows = []
     for c, r in res["corpora"].items():
         tp = r["tp"]
@@ -689,8 +691,13 @@ def main(argv=None):
     p.add_argument("--bounds-check-cost", action="store_true",
                    help="time funnel's kernels with and without their bounds checks, interleaved (module "
                         "docstring); builds and times funnel only, writes the 'bounds-check-SIZE' section")
+    p.add_argument("--load-postings", action="store_true",
+                   help="funnel reads its plain postings into memory at open (FUNNEL_LOAD_POSTINGS=1, for every "
+                        "funnel child), as bm25s loads its arrays, instead of mapping them")
     p.add_argument("--write", action="store_true", help="record the 'workloads' section of bench/RESULTS.md")
     a = p.parse_args(argv)
+    if a.load_postings:
+        os.environ["FUNNEL_LOAD_POSTINGS"] = "1"
     if a.from_results:
         runs = []
         for path in a.from_results.split(","):
@@ -709,7 +716,8 @@ def main(argv=None):
     systems = [x for x in a.systems.split(",") if x]
     if "funnel" not in systems or any(x not in SYSTEMS for x in systems):
         p.error(f"--systems {a.systems}: funnel and any of {', '.join(SYSTEMS[1:])}")
-    res = {"command": command, "latency_queries": a.latency_queries, "rounds": a.rounds, "corpora": {}}
+    res = {"command": command, "latency_queries": a.latency_queries, "rounds": a.rounds, "corpora": {},
+           "load_postings": bool(a.load_postings)}
     for c in [x for x in a.corpora.split(",") if x]:
         if c not in CORPORA:
             p.error(f"--corpora {c}: choose from {', '.join(CORPORA)}")

@@ -30,7 +30,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
-from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, shared_tf_dtype
+from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, load_postings, shared_tf_dtype
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import read_vocabulary
 
@@ -469,6 +469,20 @@ class DocStore:
         return self._values(n, (_FIELDS_COLUMN,))[0]
 
 
+def _in_memory(arrays: dict, impacts: tuple | None) -> tuple[dict, tuple | None]:
+    """A plain shard's postings (document ids, tfs, stored impact levels) read into the
+    process's memory (``FUNNEL_LOAD_POSTINGS``, ``packed.load_postings``), read-only as the
+    mapped arrays are (so the kernels compiled for those serve them), checked as they were."""
+    def copy(a: np.ndarray) -> np.ndarray:
+        out = np.array(a)  # NumPy asks for transparent huge pages for an array this size
+        out.setflags(write=False)
+        return out
+    arrays = {**arrays, "docs": copy(arrays["docs"]), "tfs": copy(arrays["tfs"])}
+    if impacts is not None:
+        impacts = (impacts[0], copy(impacts[1]))
+    return arrays, impacts
+
+
 class IndexVersion:
     """One opened, verified, immutable index version.
 
@@ -517,6 +531,7 @@ class IndexVersion:
         self.root = root
         self.version = os.path.basename(os.path.normpath(self.dir))
         self._cache_budget = cache_budget()  # a bad FUNNEL_POSTINGS_CACHE_MB: its own clear error, not "damaged"
+        self._load_postings = load_postings()  # the same for FUNNEL_LOAD_POSTINGS
         try:
             self._load()
         except IndexFormatError:
@@ -565,6 +580,8 @@ class IndexVersion:
             rel = f"lexical/{shard_name(s)}"
             arrays, blocks, impacts = self._check_shard(s)
             packed = None
+            if self._load_postings and "docs" in arrays:
+                arrays, impacts = _in_memory(arrays, impacts)
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
                                      len(arrays["doclen"]), rel, tf_dtype)

@@ -96,6 +96,25 @@ def cache_budget() -> int:
     return int(mb * (1 << 20))
 
 
+def load_postings() -> bool:
+    """``FUNNEL_LOAD_POSTINGS``: read a plain index's postings (document ids, tfs, impact
+    levels) into the process's own memory at open instead of mapping their files (default 0).
+
+    Why: here (Linux 6.18 in a VM) anonymous memory gets transparent huge pages and the
+    mapped files' page cache few, and the exhaustive pass over the same arrays took ~1.5×
+    longer mapped (``bench/RESULTS.md``, 3M topical corpus: long questions 1.12-1.37 s a
+    batch of 100 loaded against 1.60-2.40 mapped, one process, alternated). The cost: the
+    open reads every posting (seconds at millions of documents), and processes serving
+    one index no longer share its pages. A one-query CLI process keeps the default."""
+    raw = os.environ.get("FUNNEL_LOAD_POSTINGS", "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise ValueError(f"FUNNEL_LOAD_POSTINGS={raw!r}: set it to 1 (read a plain index's postings into memory "
+                     "at open) or 0 (map them; the default)")
+
+
 def _anon(n: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
     """An anonymous map of ``n`` items of ``dtype`` (zero pages: no memory until written)."""
     dtype = np.dtype(dtype)

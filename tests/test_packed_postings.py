@@ -516,6 +516,43 @@ def test_a_bad_cache_size_is_a_clear_error_naming_the_variable(pair, monkeypatch
     assert "damaged" not in str(e.value)
 
 
+def _mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr``'s memory is a mapped file (np.load's ``mmap_mode``)."""
+    import mmap
+    b = arr
+    while b is not None:
+        if isinstance(b, (np.memmap, mmap.mmap)):
+            return True
+        b = getattr(b, "base", None)
+    return False
+
+
+def test_postings_read_into_memory_answer_as_mapped_ones(pair, monkeypatch):
+    """``FUNNEL_LOAD_POSTINGS=1`` reads a plain index's document ids, tfs and impact levels
+    into the process's memory at open (read-only, as the mapped ones are): every answer is
+    the same, pruned, filtered, paged or batched; a packed index has nothing to read and
+    answers as before."""
+    plain, packed, _ = pair
+    mapped = _answers(plain)
+    monkeypatch.setenv("FUNNEL_LOAD_POSTINGS", "1")
+    with Searcher(plain) as s:
+        for sh in s.index.shards:
+            for arr in (sh.docs, sh.tfs, sh.stored_impacts[1]):
+                assert not _mapped(arr) and not arr.flags.writeable
+            assert _mapped(sh.indptr)
+    assert _answers(plain) == mapped
+    assert _answers(packed) == mapped
+
+
+@pytest.mark.parametrize("raw", ["yes", "2"])
+def test_a_bad_load_postings_value_is_a_clear_error_naming_the_variable(pair, monkeypatch, raw):
+    plain, _, _ = pair
+    monkeypatch.setenv("FUNNEL_LOAD_POSTINGS", raw)
+    with pytest.raises(ValueError, match="FUNNEL_LOAD_POSTINGS.*set it to 1") as e:
+        Searcher(plain)
+    assert "damaged" not in str(e.value)
+
+
 def test_a_shard_with_a_tf_above_65535_decodes_every_shard_as_int32(tmp_path):
     """One document repeats a word 70,000 times: its shard stores int32 tfs, the other uint16.
     The kernels read one tf dtype, so every packed shard decodes into int32 (a widened copy of
