@@ -507,12 +507,14 @@ def test_a_packed_version_is_format_3_and_an_older_reader_refuses_it_with_a_rebu
         Searcher(packed)
 
 
-@pytest.mark.parametrize("raw", ["lots", "-5"])
-def test_a_bad_cache_size_is_a_clear_error_naming_the_variable(pair, monkeypatch, raw):
-    _, packed, _ = pair
-    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", raw)
-    with pytest.raises(ValueError, match="FUNNEL_POSTINGS_CACHE_MB") as e:
-        Searcher(packed)
+@pytest.mark.parametrize("variable, raw, says", [
+    ("FUNNEL_POSTINGS_CACHE_MB", "lots", "not a number"), ("FUNNEL_POSTINGS_CACHE_MB", "-5", "negative"),
+    ("FUNNEL_LOAD_POSTINGS", "yes", "set it to 1"), ("FUNNEL_LOAD_POSTINGS", "2", "set it to 1")])
+@pytest.mark.parametrize("which", [0, 1], ids=["plain", "packed"])
+def test_a_bad_memory_setting_is_a_clear_error_naming_the_variable(pair, monkeypatch, variable, raw, says, which):
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(ValueError, match=f"{variable}.*{says}") as e:
+        Searcher(pair[which])
     assert "damaged" not in str(e.value)
 
 
@@ -542,15 +544,6 @@ def test_postings_read_into_memory_answer_as_mapped_ones(pair, monkeypatch):
             assert _mapped(sh.indptr)
     assert _answers(plain) == mapped
     assert _answers(packed) == mapped
-
-
-@pytest.mark.parametrize("raw", ["yes", "2"])
-def test_a_bad_load_postings_value_is_a_clear_error_naming_the_variable(pair, monkeypatch, raw):
-    plain, _, _ = pair
-    monkeypatch.setenv("FUNNEL_LOAD_POSTINGS", raw)
-    with pytest.raises(ValueError, match="FUNNEL_LOAD_POSTINGS.*set it to 1") as e:
-        Searcher(plain)
-    assert "damaged" not in str(e.value)
 
 
 def test_a_shard_with_a_tf_above_65535_decodes_every_shard_as_int32(tmp_path):
