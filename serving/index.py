@@ -157,8 +157,10 @@ class DocStore:
             check_doc_ids(version_dir, DOC_IDS, self._arrow, rank, int(bounds[-1]))
         else:
             rank = id_ranks(self._ids_arrow())
+        #: Every document's rank by doc_id, in docno order: one writable int64 array (as the
+        #: kernels take it), and `id_rank` its per-shard views.
+        self.rank = rank
         self.id_rank = [rank[bounds[s]:bounds[s + 1]] for s in range(n_shards)]
-        self._rank = rank
         # Every id as a Python str, made only where every id is needed at once (the map by
         # id): ~200 MiB at 3M documents. Ids by position are cut from Arrow's buffers instead
         # (`ids_at`), which the index memory-maps.
@@ -245,12 +247,6 @@ class DocStore:
         ids, b = self.all_ids, self._bounds
         return [ids[b[s]:b[s + 1]] for s in range(self.n_shards)]
 
-    @property
-    def rank(self) -> np.ndarray:
-        """Every document's rank by doc_id, in docno order (one array; `id_rank` holds its
-        per-shard views)."""
-        return self._rank
-
     def __len__(self) -> int:
         return int(self._bounds[-1])
 
@@ -284,7 +280,7 @@ class DocStore:
                         off = np.frombuffer(offsets, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
                         raw = np.frombuffer(data, dtype=np.uint8)[off[0]:off[-1]]
                         off = off - off[0]
-                    table = runbytes.id_table(raw, off, self._rank) if arr.null_count == 0 else None
+                    table = runbytes.id_table(raw, off, self.rank) if arr.null_count == 0 else None
                     self._id_table = table if table is not None else False
         return self._id_table or None
 
@@ -306,8 +302,8 @@ class DocStore:
         nothing is sorted here."""
         order = self._order
         if order is None:
-            order = np.empty(len(self._rank), dtype=np.int64)
-            order[np.asarray(self._rank)] = np.arange(len(self._rank), dtype=np.int64)
+            order = np.empty(len(self.rank), dtype=np.int64)
+            order[np.asarray(self.rank)] = np.arange(len(self.rank), dtype=np.int64)
             self._order = order
         return order
 

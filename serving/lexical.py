@@ -260,13 +260,8 @@ class BM25Retriever:
                     proto = (np.zeros(0, dtype=np.int32 if exact else np.uint8),  # see kernels.shard_table
                              np.zeros(0, dtype=kernels.tf_dtype(shards)))
                     doc_off = np.cumsum([0] + [s.n_docs for s in self.index.shards]).astype(np.int64)
-                    whole = getattr(self.index.docs, "rank", None)  # DocStore's: the shards' ranks in order
-                    if isinstance(whole, np.ndarray) and whole.dtype == np.int64 and whole.flags.writeable:
-                        id_rank = whole  # not a second copy (8 bytes a document)
-                    else:
-                        id_rank = np.concatenate([np.zeros(0, dtype=np.int64)] +
-                                                 [np.asarray(r, dtype=np.int64) for r in self.index.docs.id_rank])
-                    args = (meta, proto, doc_off, id_rank, keep)
+                    # The store's one array of every rank (writable int64), not a copy of it.
+                    args = (meta, proto, doc_off, self.index.docs.rank, keep)
                     self._kernel_args[length_norm] = args
         return args
 

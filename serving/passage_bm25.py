@@ -92,7 +92,7 @@ class PassageBM25:
         self.parent_pos = doc_off[shard] + local
         self.parent_docno = (shard << 32) | local
         self.ordinal = ordinal
-        self.doc_rank = np.concatenate(docs.id_rank) if docs.n_shards else np.zeros(0, np.int64)
+        self.doc_rank = docs.rank
         # A document's passage positions: by_doc[ptr[pos]:ptr[pos + 1]] (pos: its global position).
         self.by_doc = np.argsort(self.parent_pos, kind="stable")
         self.ptr = np.searchsorted(self.parent_pos[self.by_doc], np.arange(int(doc_off[-1]) + 1)).astype(np.int64)

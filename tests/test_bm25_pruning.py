@@ -57,7 +57,7 @@ def _index(docs, ids, shards, bounds_on_disk=True):
     rank = np.empty(len(all_ids), dtype=np.int64)
     rank[np.argsort(all_ids, kind="stable")] = np.arange(len(all_ids))
     bounds = np.cumsum([0] + [len(x) for x in shard_ids])
-    docstore = SimpleNamespace(id_rank=[rank[bounds[s]:bounds[s + 1]] for s in range(shards)],
+    docstore = SimpleNamespace(rank=rank, id_rank=[rank[bounds[s]:bounds[s + 1]] for s in range(shards)],
                                doc_ids=shard_ids)
     ix = SimpleNamespace(shards=scorers, docs=docstore, vocab=gid, idf=idf_lucene(df, n_nonempty), df=df,
                          avgdl=avgdl, n_docs_nonempty=n_nonempty)
