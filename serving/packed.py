@@ -171,16 +171,6 @@ class PackedShard:
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
         self.full = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
         self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int64)  # times asked for (`PostingsCache.fitting`)
-        # Terms a path reading tfs pinned (`PostingsCache.pinned`) since the last halving of
-        # `freq`: `PostingsCache.fitting` decodes them with their tfs.
-        self.wants_tfs = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
-        # And every rare term (at most 1/64 of the shard's documents): pruning's estimate of
-        # whether it pays (``kernels.blockmax._prune_pays``) scores a query's rarest terms
-        # from their decoded tfs before it asks for them pinned, and without them judged
-        # "gu polubim lo" (dfs 2.4M, 529, 2.6M of 3M) not worth pruning: 11 ms exhaustive
-        # against 0.8 pruned. Their tfs cost little: few postings.
-        self._rare = np.diff(self._ends) <= max(n_docs >> 6, 1)
-        self.wants_tfs |= self._rare
 
     @property
     def posting_bytes(self) -> int:
@@ -320,9 +310,7 @@ class PostingsCache:
             self._tick += 1
             try:
                 for s, li in wanted:
-                    p = self.shards[s].packed
-                    p.wants_tfs[li] = True
-                    self._decode(s, li[~p.full[li]])
+                    self._decode(s, li[~self.shards[s].packed.full[li]])
                     for t in li.tolist():
                         self._pin((s, t))
                         keys.append((s, t))
@@ -525,14 +513,7 @@ class PostingsCache:
         for another of it. A term decoded here gets its ids and levels only (6 bytes a
         posting instead of 8: the approximate pass reads nothing else, and its rescoring
         looks the few candidates' tfs up in the blocks), so a third more postings fit the
-        budget; a path that reads tfs decodes them when it pins the term (`pinned`), and
-        from then on (until the counts are halved: `_count`) this decodes that term with
-        its tfs, so a query that prunes, in a batch run again after other workloads took
-        its terms' places, is not stopped again to decode its tfs. Rare terms come with
-        their tfs too (`PackedShard.wants_tfs`). One process, 3M Zipf, short questions in
-        batches of 100 between the other workloads' (``/tmp/s14/lean3.py``, medians of 4-5
-        rounds, ms a batch at k=10): 212 lean without either rule, 107-128 with them, 108-147
-        with every term's tfs. Yields
+        budget; a path that reads tfs decodes them when it pins the term (`pinned`). Yields
         (``poff``, ``pids``, ``foff``, ``fids``): per shard, the local terms pinned,
         ascending (``pids[poff[s]:poff[s + 1]]``), and those of them pinned with their tfs
         (``fids[foff[s]:foff[s + 1]]``): the kernels' ``pk``."""
@@ -562,7 +543,7 @@ class PostingsCache:
                     keys.append((s, t))
                     continue
                 p = self.shards[s].packed
-                n = p.term_bytes(*p.span(t), tfs=bool(p.wants_tfs[t]))  # `wants_tfs` says which
+                n = p.term_bytes(*p.span(t), tfs=False)
                 if self.used + reserved + n > self.budget:
                     if victims is None:
                         victims = [k for k in self._lru if k not in self._pins and k not in want]
@@ -578,11 +559,8 @@ class PostingsCache:
                 reserved += n
             self._release(out)
             for s, ts in todo.items():  # a damaged block raises here, before any pin
-                ts = np.array(sorted(ts), dtype=np.int64)
-                with_tfs = self.shards[s].packed.wants_tfs[ts]
-                self._decode(s, ts[with_tfs])
-                self._decode(s, ts[~with_tfs], tfs=False)
-                keys += [(s, t) for t in ts.tolist()]
+                self._decode(s, np.array(sorted(ts), dtype=np.int64), tfs=False)
+                keys += [(s, t) for t in ts]
             for key in keys:
                 self._pin(key)
             by = sorted(keys)
@@ -611,7 +589,6 @@ class PostingsCache:
             for sh in self.shards:
                 if sh.packed is not None:
                     sh.packed.freq >>= 1
-                    sh.packed.wants_tfs[:] = sh.packed._rare
         return f[li]
 
     def pin_all(self) -> None:

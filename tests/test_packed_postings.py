@@ -185,40 +185,6 @@ def test_the_approximate_pass_keeps_ids_and_levels_and_a_tf_reader_adds_the_tfs(
         assert cache.used == sum(n for n, _, _ in cache._lru.values()) and not cache._pins
 
 
-def test_terms_a_pruned_query_read_come_back_with_their_tfs(pair):
-    """A query that prunes reads tfs, so the kernel asks for its terms pinned with them
-    (``NEED_DECODED``, then `PostingsCache.pinned`); the cache remembers those terms
-    (``wants_tfs``), and after they were given back, the next time the approximate pass's
-    pinning decodes them it adds their tfs, so the query is not stopped again. Rare terms
-    (which pruning's estimate reads) always come with their tfs. Answers: the plain index's."""
-    plain, packed, _ = pair
-
-    def tune(r):
-        r.prune_min_postings = 0  # every query prunes
-    with Searcher(packed) as s, Searcher(plain) as ref:
-        tune(s._current.bm25)
-        tune(ref._current.bm25)
-        want = [[(h.doc_id, h.score) for h in ref.search(q, mode="bm25", k=5).hits] for q in QUERIES]
-        idx = s._current.index
-        cache = idx.postings_cache
-        calls = []
-        pinned = cache.pinned
-        cache.pinned = lambda g: (calls.append(1), pinned(g))[1]
-        assert [[(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=5).hits] for q in QUERIES] == want
-        assert calls and all(sh.packed.wants_tfs[sh.packed.full].all() for sh in idx.shards)
-        budget, cache.budget = cache.budget, 0
-        cache._trim()  # every term given back
-        assert cache.used == 0 and not any(sh.packed.decoded.any() for sh in idx.shards)
-        cache.budget = budget
-        calls.clear()
-        assert [[(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=5).hits] for q in QUERIES] == want
-        assert not calls
-        for sh in idx.shards:
-            p = sh.packed
-            rare = np.diff(p._ends) <= p.n_docs >> 6
-            assert p.full[p.decoded & rare].all() and p.full[p.decoded].any()
-
-
 def test_threads_sharing_a_small_cache_answer_as_the_plain_index(pair, monkeypatch):
     """Four threads query one packed searcher whose budget (16 KB) holds less than a query's
     terms, so they decode, pin, and give back pages around each other's kernels all the
