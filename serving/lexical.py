@@ -268,8 +268,8 @@ class BM25Retriever:
     def _all_decoded(self) -> tuple:
         """The kernels' ``pk`` where every term a query reads is decoded (plain shards, or
         packed ones with the query's terms pinned: `_pinned`)."""
-        none = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        return (kernels.NO_PACKED, *none, np.zeros(0, dtype=kernels.IMPACT_DTYPE), *none)
+        return (kernels.NO_PACKED, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=kernels.IMPACT_DTYPE))
 
     def _packed_pk(self, params: BM25Params) -> tuple | None:
         """(pmeta, arrays it points into, level grid) where shards are packed and ``params``
@@ -297,8 +297,8 @@ class BM25Retriever:
         if got is None:
             with self._pinned(gids):
                 return call(self._all_decoded())
-        with self.index.postings_cache.fitting(np.unique(gids)) as (poff, pids, foff, fids):
-            out = call((got[0], poff, pids, got[2], foff, fids))
+        with self.index.postings_cache.fitting(np.unique(gids)) as (poff, pids):
+            out = call((got[0], poff, pids, got[2]))
         if out[2] != kernels.NEED_DECODED:
             return out
         with self._pinned(gids):
@@ -353,8 +353,8 @@ class BM25Retriever:
         n = len(qptr) - 1
         # Each query's distinct terms: a repeat in ``fitting``'s input is one more query.
         uses = np.concatenate([np.unique(qgids[qptr[i]:qptr[i + 1]]) for i in range(n)] + [qgids[:0]])
-        with cache.fitting(uses, batch=n > 1) as (poff, pids, foff, fids):
-            pk = (got[0], poff, pids, got[2], foff, fids)
+        with cache.fitting(uses, batch=n > 1) as (poff, pids):
+            pk = (got[0], poff, pids, got[2])
             i = 0
             while i < n:
                 qp, qg = qptr[i:] - qptr[i], qgids[qptr[i]:]

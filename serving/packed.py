@@ -9,10 +9,8 @@ them, each posting's impact level for the default parameters, computed as the bu
 computes a plain shard's), and decodes terms into their own places in them.
 
 With the default parameters (stored levels in use), a query or batch pins the terms that
-fit the budget (`PostingsCache.fitting`: those decoded already, then the most asked for,
-decoded as ids and levels only, 6 bytes a posting, since the pass rescores its few
-candidates from the blocks) and the exhaustive approximate pass reads the rest straight
-from their blocks
+fit the budget (`PostingsCache.fitting`: those decoded already, then the most asked for)
+and the exhaustive approximate pass reads the rest straight from their blocks
 (``kernels.accumulate_packed``, rescored through ``kernels.packed_tfs``), so a workload
 whose terms outgrow the budget neither grows the process nor decodes them again and again.
 What may give its place to a term being decoded: for a batch of queries, any unpinned term
@@ -65,8 +63,7 @@ PACKED_FORMAT = 1
 #: The decoded postings a process keeps by default, in MiB (``FUNNEL_POSTINGS_CACHE_MB``): at 3M
 #: documents (bench_workloads' topical corpus) a server answering every workload then holds
 #: about 1.9 GiB in all; 768 took it past 2 GiB, 512 decoded the SciFact-like claims' terms
-#: again for every batch (then 8 bytes a decoded posting: id, tf, impact level; now 6 for the
-#: exhaustive pass's terms, which keep no tfs: `PostingsCache.fitting`).
+#: again for every batch (8 bytes a decoded posting: id, tf, impact level).
 DEFAULT_CACHE_MB = 640
 _PAGE = mmap.PAGESIZE
 #: Counts of terms asked for (`PostingsCache._count`) added between two halvings of them all.
@@ -165,11 +162,7 @@ class PackedShard:
         # is called (the exhaustive kernels then read them as a plain shard's impacts.npy).
         self._mm_imp, self.impacts = _anon(max(self.n_postings, 0), self.imp_dtype)
         self.levels = None  # (length codes, denominators, impact grid) of the default parameters
-        # Terms whose ids (and levels, where kept) are decoded; ``full``: their tfs too. A
-        # term decoded for the approximate pass alone (`decode` with ``tfs=False``) has no
-        # tfs: that pass reads ids and levels, and rescores from the blocks.
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
-        self.full = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
         self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int64)  # times asked for (`PostingsCache.fitting`)
 
     @property
@@ -177,12 +170,9 @@ class PackedShard:
         """Decoded bytes a posting: its id, its tf, and its level where levels are kept."""
         return 4 + self.tf_dtype.itemsize + (self.imp_dtype.itemsize if self.levels is not None else 0)
 
-    def term_bytes(self, a: int, e: int, tfs: bool = True) -> int:
-        """Decoded bytes of postings [a, e), without their tfs where ``tfs`` is false (and
-        levels are kept: `decode`)."""
-        if tfs or self.levels is None:
-            return (e - a) * self.posting_bytes
-        return (e - a) * (4 + self.imp_dtype.itemsize)
+    def term_bytes(self, a: int, e: int) -> int:
+        """Decoded bytes of postings [a, e)."""
+        return (e - a) * self.posting_bytes
 
     def keep_levels(self, code: np.ndarray, table: np.ndarray, itab: np.ndarray) -> None:
         """From now on, give every decoded term its postings' impact levels too (``code``,
@@ -190,8 +180,7 @@ class PackedShard:
         them), starting with the terms decoded already (the caller holds the cache's lock)."""
         self.levels = (code, table, itab, self._codec.level_grid(itab))
         # Again, with their levels (once): the same ids and tfs over themselves, so a kernel
-        # reading one of them meanwhile reads what it read before (every term decoded
-        # before levels are kept has its tfs).
+        # reading one of them meanwhile reads what it read before.
         self.decode(np.flatnonzero(self.decoded))
 
     def _fault(self, code: int, what: str) -> ShardFault:
@@ -201,28 +190,20 @@ class PackedShard:
                                                             "or document id the shard cannot have)")
         return ShardFault(f"{self.rel}/indptr.npy", f"gives {what} a range outside the postings")
 
-    def decode(self, terms: np.ndarray, tfs: bool = True) -> None:
-        """Decode local ``terms`` into `docs` / `tfs` (and their levels into `impacts` where
-        levels are kept); with ``tfs`` false and levels kept, ids and levels only (the
-        caller holds the cache's lock). A term decoded already is written again with the
-        same values (a kernel reading it meanwhile reads what it read before)."""
+    def decode(self, terms: np.ndarray) -> None:
+        """Decode local ``terms`` into `docs` / `tfs` (the caller holds the cache's lock)."""
         terms = np.asarray(terms, dtype=np.int64)
         if len(terms) == 0:
             return
         args = (self.words, self.boff, self.first, self.width, self.indptr, self.tblock, self.n_docs, self.max_tf,
-                terms, self.docs)
+                terms, self.docs, self.tfs)
         if self.levels is None:
-            f = self._codec.unpack_terms(*args, self.tfs)
-            tfs = True
-        elif tfs:
-            f = self._codec.unpack_terms_levels(*args, self.tfs, *self.levels, self.impacts)
+            f = self._codec.unpack_terms(*args)
         else:
-            f = self._codec.unpack_terms_levels_only(*args, *self.levels, self.impacts)
+            f = self._codec.unpack_terms_levels(*args, *self.levels, self.impacts)
         if f:
             raise self._fault(f, f"one of the terms {terms[:8].tolist()}")
         self.decoded[terms] = True
-        if tfs:
-            self.full[terms] = True
 
     def term(self, li: int) -> tuple[np.ndarray, np.ndarray]:
         """(document ids, tfs) of local term ``li``, decoded into new arrays."""
@@ -262,11 +243,10 @@ class PackedShard:
             return
         rows = np.array(sorted(spans, key=lambda x: x[1]), dtype=np.int64).reshape(-1, 3)
         self.decoded[rows[:, 0]] = False
-        self.full[rows[:, 0]] = False
         out = np.empty((len(rows), 2), dtype=np.int64)
-        for mm, size, busy in ((self._mm_docs, 4, self.decoded), (self._mm_tfs, self.tf_dtype.itemsize, self.full),
-                               (self._mm_imp, self.imp_dtype.itemsize, self.decoded)):
-            n = self._codec.free_pages(self._ends, busy, rows[:, 1:], size, _PAGE, out)
+        for mm, size in ((self._mm_docs, 4), (self._mm_tfs, self.tf_dtype.itemsize),
+                         (self._mm_imp, self.imp_dtype.itemsize)):
+            n = self._codec.free_pages(self._ends, self.decoded, rows[:, 1:], size, _PAGE, out)
             for lo, hi in out[:n].tolist():
                 mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
@@ -310,7 +290,7 @@ class PostingsCache:
             self._tick += 1
             try:
                 for s, li in wanted:
-                    self._decode(s, li[~self.shards[s].packed.full[li]])
+                    self._decode(s, li[~self.shards[s].packed.decoded[li]])
                     for t in li.tolist():
                         self._pin((s, t))
                         keys.append((s, t))
@@ -347,23 +327,20 @@ class PostingsCache:
             else:
                 del self._pins[key]
 
-    def _decode(self, s: int, todo: np.ndarray, tfs: bool = True) -> None:
-        """Decode shard ``s``'s local terms ``todo`` (none with its tfs; with ``tfs`` false:
-        none decoded, and ids and levels only: `PackedShard.decode`) and list them as the
-        most recently used, a term held without its tfs before counted at its new size
-        (the caller holds the lock)."""
+    def _decode(self, s: int, todo: np.ndarray) -> None:
+        """Decode shard ``s``'s local terms ``todo`` (none decoded) and list them as the most
+        recently used (the caller holds the lock)."""
         if len(todo) == 0:
             return
         p = self.shards[s].packed
         spans = [p.span(t) for t in todo.tolist()]  # read before the decode checks them
-        p.decode(todo, tfs)
+        p.decode(todo)
         for t, (a, e) in zip(todo.tolist(), spans):
             if p.span(t) != (a, e):  # indptr.npy changed while it was decoded
                 raise p._fault(0, f"term {t}")
-            n = p.term_bytes(a, e, tfs)
-            old = self._lru.get((s, t))
+            n = p.term_bytes(a, e)
             self._lru[(s, t)] = (n, a, e)
-            self.used += n - (old[0] if old is not None else 0)
+            self.used += n
             self.decoded_bytes += n
 
     def _give(self, keys: list[tuple[int, int]]) -> None:
@@ -510,13 +487,8 @@ class PostingsCache:
         CPU a question (p50), 17.4-19.4 with it, 15.1-15.3 never giving anything back (but a
         server answering one query at a time would then keep its first terms for good).
         Nothing outgrows the budget, and no term of this batch is given back to make room
-        for another of it. A term decoded here gets its ids and levels only (6 bytes a
-        posting instead of 8: the approximate pass reads nothing else, and its rescoring
-        looks the few candidates' tfs up in the blocks), so a third more postings fit the
-        budget; a path that reads tfs decodes them when it pins the term (`pinned`). Yields
-        (``poff``, ``pids``, ``foff``, ``fids``): per shard, the local terms pinned,
-        ascending (``pids[poff[s]:poff[s + 1]]``), and those of them pinned with their tfs
-        (``fids[foff[s]:foff[s + 1]]``): the kernels' ``pk``."""
+        for another of it. Yields (``poff``, ``pids``): per shard, the local terms pinned,
+        ascending (``pids[poff[s]:poff[s + 1]]``, the kernels' ``pk``)."""
         g, uses = np.unique(np.asarray(gids, dtype=np.int64), return_counts=True)
         local = []
         for s, sh in enumerate(self.shards):
@@ -543,7 +515,7 @@ class PostingsCache:
                     keys.append((s, t))
                     continue
                 p = self.shards[s].packed
-                n = p.term_bytes(*p.span(t), tfs=False)
+                n = p.term_bytes(*p.span(t))
                 if self.used + reserved + n > self.budget:
                     if victims is None:
                         victims = [k for k in self._lru if k not in self._pins and k not in want]
@@ -559,23 +531,20 @@ class PostingsCache:
                 reserved += n
             self._release(out)
             for s, ts in todo.items():  # a damaged block raises here, before any pin
-                self._decode(s, np.array(sorted(ts), dtype=np.int64), tfs=False)
+                self._decode(s, np.array(sorted(ts), dtype=np.int64))
                 keys += [(s, t) for t in ts]
             for key in keys:
                 self._pin(key)
-            by = sorted(keys)
-            full = [key for key in by if self.shards[key[0]].packed.full[key[1]]]
+        by = sorted(keys)
+        poff = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        for s, _ in by:
+            poff[s + 1] += 1
+        poff = np.cumsum(poff)
+        pids = np.array([t for _, t in by], dtype=np.int64)
         try:
-            yield self._table(by) + self._table(full)
+            yield poff, pids
         finally:
             self._give(keys)
-
-    def _table(self, keys: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets per shard, local terms) of sorted ``keys``: ``pids[poff[s]:poff[s + 1]]``."""
-        poff = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        for s, _ in keys:
-            poff[s + 1] += 1
-        return np.cumsum(poff), np.array([t for _, t in keys], dtype=np.int64)
 
     def _count(self, s: int, li: np.ndarray, uses: np.ndarray) -> np.ndarray:
         """Add ``uses`` to shard ``s``'s counts of local terms ``li``; returns their counts.
@@ -598,7 +567,7 @@ class PostingsCache:
         with self._lock:
             for s, sh in enumerate(self.shards):
                 if sh.packed is not None:
-                    self._decode(s, np.flatnonzero(~sh.packed.full))
+                    self._decode(s, np.flatnonzero(~sh.packed.decoded))
             self._all = True
 
     def batch_cuts(self, qptr: np.ndarray, qgids: np.ndarray, df_bytes: np.ndarray) -> list[tuple[int, int]]:

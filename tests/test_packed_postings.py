@@ -142,49 +142,6 @@ def test_a_packed_index_gives_decoded_postings_the_builds_impact_levels(pair):
         assert cache.used == sum(n for n, _, _ in cache._lru.values())
 
 
-def test_the_approximate_pass_keeps_ids_and_levels_and_a_tf_reader_adds_the_tfs(pair):
-    """A term the approximate pass has the cache decode gets its ids and levels only (6 bytes
-    a posting, its tfs never written: the pass rescores from the blocks), the plain build's
-    ids and levels; a query with other parameters, which reads tfs, pins the same terms
-    with their tfs (8 bytes a posting, the plain build's tfs); every answer is the plain
-    index's, and the cache's count of bytes follows each term's size."""
-    plain, packed, _ = pair
-
-    def tune(r):
-        r.rescore_min_postings = 0  # every default-parameter query takes the approximate pass
-        r.prune_min_postings = -1
-    with Searcher(packed) as s, Searcher(plain) as ref:
-        tune(s._current.bm25)
-        tune(ref._current.bm25)
-        for q in QUERIES:
-            assert [(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=10).hits] == \
-                [(h.doc_id, h.score) for h in ref.search(q, mode="bm25", k=10).hits]
-        idx = s._current.index
-        cache = idx.postings_cache
-        lean = [(i, int(t)) for i, sh in enumerate(idx.shards)
-                for t in np.flatnonzero(sh.packed.decoded & ~sh.packed.full)]
-        assert len(lean) > 5 and cache.used == sum(n for n, _, _ in cache._lru.values())
-
-        def stored(i: int, name: str) -> np.ndarray:
-            return np.load(os.path.join(plain, read_current(plain), "lexical", f"shard-{i:04d}", name))
-        for i, t in lean:
-            p = idx.shards[i].packed
-            a, e = p.span(t)
-            assert np.array_equal(p.docs[a:e], stored(i, "docs.npy")[a:e])
-            assert np.array_equal(p.impacts[a:e], stored(i, "impacts.npy")[a:e])
-            assert not p.tfs[a:e].any() and cache._lru[(i, t)][0] == 6 * (e - a)
-        for q in QUERIES:  # other parameters: read tfs, so decode them
-            assert [(h.doc_id, h.score) for h in s.search(q, mode="bm25", k=10, k1=1.3, b=0.6).hits] == \
-                [(h.doc_id, h.score) for h in ref.search(q, mode="bm25", k=10, k1=1.3, b=0.6).hits]
-        for i, t in lean:
-            p = idx.shards[i].packed
-            a, e = p.span(t)
-            assert p.full[t] and cache._lru[(i, t)][0] == 8 * (e - a)
-            assert np.array_equal(p.tfs[a:e], stored(i, "tfs.npy")[a:e])
-            assert np.array_equal(p.docs[a:e], stored(i, "docs.npy")[a:e])
-        assert cache.used == sum(n for n, _, _ in cache._lru.values()) and not cache._pins
-
-
 def test_threads_sharing_a_small_cache_answer_as_the_plain_index(pair, monkeypatch):
     """Four threads query one packed searcher whose budget (16 KB) holds less than a query's
     terms, so they decode, pin, and give back pages around each other's kernels all the

@@ -280,14 +280,12 @@ def search_shards_plain(meta, imeta, imeta32, rescore_min, dense_min, code_proto
     documents where the query has postings for at least 1/``DENSE_DIVISOR`` of them is
     read back by one scan of its accumulator (``_is_dense``), and so is every shard for
     a query with a non-positive weight (whose sums may come back to 0.0 and list a
-    document twice). ``pk`` (``pmeta``, ``poff``, ``pids``, ``ltab``, ``foff``, ``fids``):
-    the packed shards' arrays (``layout.packed_table``; ``NO_PACKED``: every term may be
-    read decoded) and, per shard, the local terms the caller pinned decoded
-    (``pids[poff[s]:poff[s + 1]]``, ascending: their ids and levels) and those of them
-    pinned with their tfs too (``fids[foff[s]:foff[s + 1]]``); the approximate pass reads
-    every other term of a packed shard from its blocks (`_search_approx`), and any other
-    path answers ``NEED_DECODED`` for a query with a term not pinned with its tfs.
-    Returns (docnos, scores, fault), as `search_shards`."""
+    document twice). ``pk`` (``pmeta``, ``poff``, ``pids``, ``ltab``): the packed shards'
+    arrays (``layout.packed_table``; ``NO_PACKED``: every term may be read decoded) and,
+    per shard, the local terms the caller pinned decoded (``pids[poff[s]:poff[s + 1]]``,
+    ascending); the approximate pass reads every other term of a packed shard from its
+    blocks (`_search_approx`), and any other path answers ``NEED_DECODED`` for a query with
+    such a term. Returns (docnos, scores, fault), as `search_shards`."""
     cap = itab.shape[0] // table.shape[0]
     if imeta.shape[0] == 0 and imeta32.shape[0] > 0 and rescore_min >= 0 and gids.shape[0] > 0 and \
             weights.min() > 0.0 and _total_postings(meta, gids) >= rescore_min * k * gids.shape[0]:
@@ -348,9 +346,9 @@ def _split_pinned(local, pids, p0, p1, dec, unp):
 @jit
 def all_pinned(meta, pk, gids):
     """Whether every term of ``gids`` that a packed shard of ``pk`` holds is pinned decoded
-    there with its tfs (``search_shards_plain`` says what ``pk`` holds): what every path but
-    the approximate pass needs."""
-    pmeta, _, _, _, poff, pids = pk
+    there (``search_shards_plain`` says what ``pk`` holds): what every path but the
+    approximate pass needs."""
+    pmeta, poff, pids, _ = pk
     if pmeta.shape[0] == 0:
         return True
     local = np.empty(gids.shape[0], dtype=np.int64)
@@ -579,9 +577,8 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
     the same documents and bits as exhaustive float64 scoring, at two bytes a posting
     read instead of a tf, a length code and a table cell. A packed shard's terms not pinned
     decoded (``pk``, ``search_shards_plain``) are read from their blocks, the same levels
-    (``packed.accumulate_packed``), and rescored from them, as are those pinned without
-    their tfs. Returns (docnos, scores, fault)."""
-    pmeta, poff, pids, ltab, foff, fids = pk
+    (``packed.accumulate_packed``), and rescored from them. Returns (docnos, scores, fault)."""
+    pmeta, poff, pids, ltab = pk
     local = np.empty(gids.shape[0], dtype=np.int64)
     dec = np.empty(gids.shape[0], dtype=np.int64)
     unp = np.full(gids.shape[0], -1, dtype=np.int64)
@@ -641,7 +638,7 @@ def _search_approx(meta, imeta32, dense_min, code_proto, doc_off, id_rank, acc, 
         args = (_view(meta, s, 0, np.int64), _view(meta, s, 1, np.int32), _view(meta, s, 2, code_proto[1].dtype),
                 _view(meta, s, 5, code_proto[0].dtype), table, itab, cap)
         tail = (id_rank[lo:hi], np.int64(s) << 32, bv, br, bd, nn, tv, tr, k)
-        if pmeta.shape[0] > 0 and pmeta[s, 1] > 0 and _split_pinned(local, fids, foff[s], foff[s + 1], dec, unp):
+        if pmeta.shape[0] > 0 and pmeta[s, 1] > 0 and _split_pinned(local, pids, poff[s], poff[s + 1], dec, unp):
             pw, pb, pf, pwd, ptb, pe, info = _packed_of(pmeta, s)
             nn, tv, tr = _rescore_shard(*args, dec, weights, ids, *tail, unp, pw, pb, pf, pwd, ptb, pe, info[0])
         else:

@@ -226,6 +226,9 @@ def unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_t
     P = odocs.shape[0]
     V = indptr.shape[0] - 1
     levels = olev.shape[0] > 0
+    nt = np.uint64(table.shape[0])
+    ucap = np.uint64(itab.shape[0] // table.shape[0])
+    und = np.uint64(code.shape[0])
     for i in range(terms.shape[0]):
         t = terms[i]
         if t < 0 or t >= V or t >= tblock.shape[0]:
@@ -237,64 +240,19 @@ def unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_t
         f = _unpack_range(words, boff, first, width, tblock[t], a, e, n_docs, max_tf, odocs, otfs)
         if f:
             return f
-        if levels:
-            f = _term_levels(odocs[a:e], otfs[a:e], code, table, itab, ltab, olev[a:e])
-            if f:
-                return f
-    return 0
-
-
-@jit
-def unpack_terms_levels_only(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, odocs, code,
-                             table, itab, ltab, olev):
-    """`unpack_terms_levels` without writing tfs: each term's ids into ``odocs`` and its
-    postings' levels into ``olev`` (the tfs decoded into a scratch array of the longest
-    term's size): what the exhaustive approximate pass reads (``serving.packed``: a term
-    the postings cache holds this way costs 6 bytes a posting instead of 8)."""
-    P = odocs.shape[0]
-    V = indptr.shape[0] - 1
-    longest = 0
-    for i in range(terms.shape[0]):
-        t = terms[i]
-        if t < 0 or t >= V or t >= tblock.shape[0]:
-            return FAULT_INDPTR
-        a = indptr[t]
-        e = indptr[t + 1]
-        if not (0 <= a and a <= e and e <= P and e <= olev.shape[0]):
-            return FAULT_INDPTR
-        longest = max(longest, e - a)
-    tmp = np.empty(longest, dtype=np.int64)
-    for i in range(terms.shape[0]):
-        t = terms[i]
-        a = indptr[t]
-        e = indptr[t + 1]
-        f = _unpack_range(words, boff, first, width, tblock[t], 0, e - a, n_docs, max_tf, odocs[a:e], tmp)
-        if f:
-            return f
-        f = _term_levels(odocs[a:e], tmp[:e - a], code, table, itab, ltab, olev[a:e])
-        if f:
-            return f
-    return 0
-
-
-@jit(inline="always")
-def _term_levels(docs, tfs, code, table, itab, ltab, olev):
-    """``olev[p]``: the level of posting (``docs[p]``, ``tfs[p]``) for the default
-    parameters (`unpack_terms_levels`); 0, or ``FAULT_DOCS`` at an id ``code`` lacks."""
-    nt = np.uint64(table.shape[0])
-    ucap = np.uint64(itab.shape[0] // table.shape[0])
-    und = np.uint64(code.shape[0])
-    for p in range(docs.shape[0]):
-        d = np.uint64(docs[p])
-        if d >= und:
-            return FAULT_DOCS
-        tf = np.uint64(tfs[p])
-        c = np.uint64(code[d])
-        if tf < ucap:
-            olev[p] = ltab[tf * nt + c]
-        else:
-            x = np.float64(tf)
-            olev[p] = _quantize(x / (x + table[c]))
+        if not levels:
+            continue
+        for p in range(np.uint64(a), np.uint64(e)):
+            d = np.uint64(odocs[p])
+            if d >= und:
+                return FAULT_DOCS
+            tf = np.uint64(otfs[p])
+            c = np.uint64(code[d])
+            if tf < ucap:
+                olev[p] = ltab[tf * nt + c]
+            else:
+                x = np.float64(tf)
+                olev[p] = _quantize(x / (x + table[c]))
     return 0
 
 

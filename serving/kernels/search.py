@@ -57,8 +57,7 @@ def search_shards(meta, bmeta, imeta, imeta32, rescore_min, dense_min, code_prot
     ``dense_min``, as that takes them), and so does ``prune_min = -1`` or a non-positive
     weight (whose scores that reads back without a touched list). ``pk``: packed shards
     and the terms pinned decoded there (`search_shards_plain`); pruning reads decoded
-    postings only, so it answers ``NEED_DECODED`` for a query with a term not pinned with
-    its tfs.
+    postings only, so it answers ``NEED_DECODED`` for a query with a term not pinned.
 
     Returns (docnos, scores, fault): fault 0, or ``shard << 8 | FAULT_*`` where a value
     read from the shard's files was impossible (``checks.py``); then the docnos are
