@@ -72,6 +72,67 @@ def test_the_codec_gives_back_what_it_packed(n_docs, tf_max, tf_dtype):
         assert np.array_equal(out_d, docs) and np.array_equal(out_t, tfs)
 
 
+@pytest.mark.parametrize("n_docs,tf_max,tf_dtype", [(50, 3, np.uint16), (5_000, 65_535, np.uint16),
+                                                     (1 << 24, 2**31 - 1, np.int32)])
+def test_scoring_straight_from_blocks_adds_what_the_decoded_levels_add(n_docs, tf_max, tf_dtype):
+    """``accumulate_packed`` (the exhaustive pass over a term the cache does not hold) reads
+    each block's gaps and tfs as it adds them: on random lists at every width (gaps of 0 to
+    24 bits, tfs of 0 to 31 bits, partial last blocks, empty terms), both ways of adding
+    (the dense read-back and the touched list) give the sums and the first-seen documents
+    that the decoded ids and levels give, added term by term in float32 as the kernel adds."""
+    from funnel.serving.kernels.layout import FAULT_PACKED
+    from funnel.serving.kernels.packed import accumulate_packed, level_grid, unpack_terms_levels
+    rng = np.random.default_rng(n_docs + 1)
+    nt, cap = 7, 16
+    table = rng.uniform(0.5, 3.0, nt)
+    itab = np.array([tf / (tf + table[c]) if tf else 0.0 for tf in range(cap) for c in range(nt)])
+    ltab = level_grid(itab)
+    code = rng.integers(0, nt, n_docs).astype(np.uint8)
+    for _ in range(6):
+        n_terms = int(rng.integers(1, 8))
+        indptr, docs, tfs = [0], [], []
+        for _ in range(n_terms):
+            d = np.unique(rng.integers(0, n_docs, int(rng.integers(0, 3 * PACK_BLOCK + 5))))
+            docs.extend(d.tolist())
+            tfs.extend(np.minimum(rng.geometric(rng.uniform(0.01, 1.0), len(d)), tf_max).tolist())
+            indptr.append(len(docs))
+        indptr, docs, tfs = (np.asarray(indptr, dtype=np.int64), np.asarray(docs, dtype=np.int32),
+                             np.asarray(tfs, dtype=tf_dtype))
+        tfs[rng.random(len(tfs)) < 0.01] = tf_max  # the widest tfs too
+        words, boff, first, width = pack_postings(indptr, docs, tfs)
+        tblock = term_blocks(indptr)
+        max_tf = int(np.iinfo(tf_dtype).max)
+        terms = rng.permutation(n_terms).astype(np.int64)
+        weights = rng.uniform(0.1, 4.0, n_terms).astype(np.float32)
+        od, ot = np.empty(len(docs), np.int32), np.empty(len(docs), tf_dtype)
+        lev = np.empty(len(docs), np.uint16)
+        assert unpack_terms_levels(words, boff, first, width, indptr, tblock, n_docs, max_tf, terms, od, ot,
+                                   code, table, itab, ltab, lev) == 0
+        want = np.zeros(n_docs, np.float32)
+        for w, t in zip(weights, terms):
+            a, e = indptr[t], indptr[t + 1]
+            want[docs[a:e]] += w * lev[a:e].astype(np.float32)
+        seen = np.unique(docs)
+        args = (words, boff, first, width.reshape(-1), tblock, indptr, np.array([max_tf]), code, table, ltab, cap,
+                terms, weights)
+        acc = np.zeros(n_docs, np.float32)
+        assert accumulate_packed(*args, acc, np.zeros(0, np.int64), 0, False) == 0
+        assert np.array_equal(acc, want)
+        acc[:] = 0
+        touched = np.zeros(n_docs + 1, np.int64)
+        m = accumulate_packed(*args, acc, touched, 0, True)
+        assert m == len(seen) and np.array_equal(np.sort(touched[:m]), seen) and np.array_equal(acc, want)
+        if len(docs) and tfs.max() > 1:  # a tf above what the shard's dtype can hold: damage, not a sum
+            low = np.array([int(tfs.max()) - 1])
+            assert accumulate_packed(*args[:6], low, *args[7:], np.zeros(n_docs, np.float32),
+                                     touched, 0, False) == -FAULT_PACKED
+        if len(docs):  # ids past the shard's documents: damage, and nothing added past the accumulator
+            short = int(docs.max())
+            acc = np.zeros(short + 1, np.float32)
+            assert accumulate_packed(*args, acc[:short], touched, 0, False) == -FAULT_PACKED
+            assert acc[short] == 0
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[str, str, str]:
     """(plain root, packed root, corpus) of the same 1,500-document corpus (2 shards)."""
