@@ -493,9 +493,7 @@ def _eval_doc_id(c: Cond, store: FieldStore, s: int) -> np.ndarray:
         pos = store.docs.sorted_positions()[a:b]
         pos = pos[(pos >= lo) & (pos < hi)]
     else:
-        found = [store.docs.docno_of(v) for v in ((c.value,) if c.op == "eq" else c.value)]
-        pos = np.asarray([store.docs.position_of(d) for d in found if d is not None], dtype=np.int64)
-        pos = pos[(pos >= lo) & (pos < hi)]
+        pos = store.docs.positions_of((c.value,) if c.op == "eq" else c.value, lo, hi)
     out[pos - lo] = True
     return out
 

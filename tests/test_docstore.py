@@ -182,8 +182,8 @@ def test_the_build_stores_every_id_and_its_rank_in_doc_id_order(built):
     try:
         store = DocStore(vdir, 1)
         assert store.id_rank[0].tolist() == stored.column("rank").to_pylist() and len(store) == N_DOCS
-        assert store.get(5)["doc_id"] == ids[5] and store._all_ids is None
-        assert store.doc_id(7) == ids[7] and store.all_ids.tolist() == ids
+        assert store.get(5)["doc_id"] == ids[5] and _holds_no_id_objects(store)
+        assert store.doc_id(7) == ids[7] and store.ids_at(np.arange(N_DOCS)).tolist() == ids
         assert reads == []
     finally:
         index_mod._read_parquet = real
@@ -208,23 +208,47 @@ def _ids_at_agree(store, ids: list[str]) -> None:
     del store.TAKE_ABOVE
 
 
-def test_ids_by_position_never_make_every_id_a_str(built):
+def _holds_no_id_objects(store) -> bool:
+    """Whether nothing the store keeps holds an entry per document as Python objects (a
+    list, a dict or an object array of every id: ~70 bytes a document, ~200 MiB at 3M; a
+    map by id ~400 MiB)."""
+    return not any(isinstance(v, (list, dict, np.ndarray)) and len(v) >= len(store)
+                   and (not isinstance(v, np.ndarray) or v.dtype == object) for v in vars(store).values())
+
+
+def test_ids_by_position_and_by_id_never_make_every_id_a_str(built):
     """A search's doc ids, ``doc_id`` and ``doc_ids_of`` are cut from the ids file's buffers
-    (``ids_at``): the object array of every id (~70 bytes a document, ~200 MiB at 3M) is
-    made only where every id is needed (the map by id)."""
+    (``ids_at``), and ``docno_of`` / ``positions_of`` search the ids in sorted order or scan
+    them in Arrow: every id is found, an id no document has (before the first, after the
+    last, a prefix of one, one past one, not a str) is not, and the store never keeps every
+    id as Python objects, nor does a search."""
     from funnel.serving.search import open_index
     vdir, _ = built
     ids = _ids_in_docno_order(vdir)
     store = DocStore(vdir, 1)
     _ids_at_agree(store, ids)
     assert store.doc_id(7) == ids[7] and store.doc_ids_of(np.array([3, 1])) == [ids[3], ids[1]]
-    assert store._all_ids is None
+    assert [store.docno_of(d) for d in ids] == list(range(N_DOCS))
+    missing = ["", "\x00", min(ids)[:-1], max(ids) + "\x00", ids[3] + "0", "\U0010ffff" * 3, "\ud800", 7, None]
+    assert [store.docno_of(d) for d in missing] == [None] * len(missing)
+    for scan_above in (1024, 0):  # a binary search an id, and one scan of every id
+        store.SCAN_ABOVE = scan_above
+        asked = [ids[9], ids[2], "nope", ids[9]] + missing
+        assert store.positions_of(asked).tolist() == [2, 9]
+        assert store.positions_of(asked, 3, N_DOCS).tolist() == [9]  # remembered, then cut
+        assert store.positions_of(asked, 0, 9).tolist() == [2]
+        assert store.positions_of([ids[5]], 0, N_DOCS).tolist() == [5]
+        assert store.positions_of([], 0, N_DOCS).tolist() == []
+        store._last_positions = None
+    assert _holds_no_id_objects(store)
     root = os.path.dirname(vdir)
     with open_index(root) as ix:
         out = ix.search_batch({"a": "document says word", "b": "word"}, k=5)
         assert out["a"] and all(d in ids for d, _ in out["a"] + out["b"])
         assert ix.search("document says word", k=3).hits
-        assert ix.index.docs._all_ids is None
+        assert ix.search("word", k=3, filter={"doc_id": {"in": ids[:3]}}).hits
+        assert ix.index.docs.docno_of(ids[4]) == 4
+        assert _holds_no_id_objects(ix.index.docs)
 
 
 def _copy_version(vdir: str, dest) -> str:
@@ -250,9 +274,11 @@ def test_an_index_without_the_ids_file_sorts_its_ids_at_open(built, tmp_path):
     write_manifest(old, m)
     with open_index(str(root), verify="full") as ix:
         assert ix.index.docs.id_rank[0].tolist() == stored.id_rank[0].tolist()
-        assert ix.index.docs.all_ids.tolist() == stored.all_ids.tolist()
+        every = stored.ids_at(np.arange(len(stored))).tolist()
+        assert ix.index.docs.ids_at(np.arange(len(stored))).tolist() == every
+        assert [ix.index.docs.docno_of(d) for d in every] == list(range(len(every)))
         assert ix.search("document says word", k=3).hits
-        _ids_at_agree(ix.index.docs, stored.all_ids.tolist())
+        _ids_at_agree(ix.index.docs, every)
 
 
 @pytest.mark.parametrize("rows, says", [(N_DOCS - 1, "expected one row per document"),

@@ -35,7 +35,7 @@ def test_every_documents_terms_and_length(searcher):
     ix, rows = searcher
     v = ix  # attributes reach the current version
     fwd, vocab, analyze = v.forward, v.index.vocab, v.index.analyzer.analyze
-    docnos = [(s << 32) + i for s in range(v.index.n_shards) for i in range(len(v.index.docs.doc_ids[s]))]
+    docnos = [(s << 32) + i for s in range(v.index.n_shards) for i in range(v.index.docs.shard_size(s))]
     assert len(docnos) == len(rows)
     g, tf, owner, dl = fwd.rows(docnos)
     for j, n in enumerate(docnos):
@@ -46,7 +46,7 @@ def test_every_documents_terms_and_length(searcher):
         assert dl[j] == sum(want.values())
     # The case the lengths' reduction must get right: a shard whose last documents have no terms.
     ends_empty = [s for s in range(v.index.n_shards - 1)
-                  if not analyze(rows[v.index.docs.doc_ids[s][-1]]["text"])]
+                  if not analyze(rows[v.index.docs.doc_id((s << 32) + v.index.docs.shard_size(s) - 1)]["text"])]
     assert ends_empty, "the corpus no longer puts a term-less document last in a shard before the last"
     assert np.count_nonzero(dl == 0) == 9
 
@@ -55,7 +55,8 @@ def test_sira_answers_when_the_last_document_has_no_terms(searcher):
     """Before the forward index was built per shard, a term-less document at the end of the
     last shard made its construction raise IndexError, so every SIRA query on the index failed."""
     ix, rows = searcher
-    last = ix.index.docs.doc_ids[ix.index.n_shards - 1][-1]
+    s = ix.index.n_shards - 1
+    last = ix.index.docs.doc_id((s << 32) + ix.index.docs.shard_size(s) - 1)
     assert not ix.index.analyzer.analyze(rows[last]["text"])
     res = ix.search("protein binding", mode="sira", proposer="prf", k=5)
     assert res.hits and all(h.doc_id.startswith("d") for h in res.hits)  # term-less documents never match
