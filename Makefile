@@ -23,7 +23,8 @@ demo: install
 
 # Two test processes (pytest-xdist), each with its own local Ray and session fixtures; an idle
 # worker takes tests from the other's queue (worksteal: the tests' lengths are uneven). On the
-# 2-core machine: 13 minutes, against 16 with xdist's default scheduling and 21-23 in one process.
+# 2-core machine: 9-12 minutes (the longest modules first: tests/conftest.py), against 16 with
+# xdist's default scheduling and 21-23 in one process.
 test: install
 	$(BIN)/python -m pytest -q tests -m "not beir" -n 2 --dist worksteal
 

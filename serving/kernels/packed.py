@@ -315,6 +315,24 @@ def term_blocks(indptr: np.ndarray) -> np.ndarray:
 
 
 @jit(inline="always")
+def _block_head(words, boff, first, width, b, n, n_docs, prev):
+    """Block ``b`` of ``n`` postings as the passes straight from the blocks read it
+    (``width`` flat: two widths a block): (its gaps' width, its tfs' width, its first word,
+    its first id), the first id -1 where the block is damaged: outside the block table, not
+    of the size its widths give (`_block_fits`), or its first id not after ``prev`` or not
+    below ``n_docs``."""
+    if b >= first.shape[0] or b + 1 >= boff.shape[0] or 2 * b + 1 >= width.shape[0]:
+        return np.int64(0), np.int64(0), np.int64(0), np.int64(-1)
+    wd = np.int64(width[2 * b])
+    wt = np.int64(width[2 * b + 1])
+    o = boff[b]
+    d = np.int64(first[b])
+    if not _block_fits(o, boff[b + 1], n, wd, wt, words.shape[0] - 1) or d <= prev or d >= n_docs:
+        return np.int64(0), np.int64(0), np.int64(0), np.int64(-1)
+    return wd, wt, o, d
+
+
+@jit(inline="always")
 def _level(tf, c, table, ltab, ucap, nt):
     """A posting's stored level for the default parameters, as `unpack_terms_levels` computes
     it (``tf``, ``c``, ``ucap``, ``nt``: ``np.uint64``), as float32 (a whole number: exact),
@@ -351,8 +369,6 @@ def accumulate_packed(words, boff, first, width, tblock, ends, info, code, table
     und = np.uint64(acc.shape[0])
     nt = np.uint64(table.shape[0])
     ucap = np.uint64(cap)
-    nb = first.shape[0]
-    nw = words.shape[0] - 1
     for i in range(local.shape[0]):
         li = local[i]
         if li < 0:
@@ -367,15 +383,8 @@ def accumulate_packed(words, boff, first, width, tblock, ends, info, code, table
         s = a
         while s < e:
             n = min(PACK_BLOCK, e - s)
-            if b >= nb or b + 1 >= boff.shape[0] or 2 * b + 1 >= width.shape[0]:
-                return -FAULT_PACKED
-            wd = np.int64(width[2 * b])
-            wt = np.int64(width[2 * b + 1])
-            o = boff[b]
-            if not _block_fits(o, boff[b + 1], n, wd, wt, nw):
-                return -FAULT_PACKED
-            d0 = np.int64(first[b])
-            if d0 <= prev or d0 >= np.int64(und):
+            wd, wt, o, d0 = _block_head(words, boff, first, width, b, n, np.int64(und), prev)
+            if d0 < 0:
                 return -FAULT_PACKED
             uwd = np.uint64(wd)
             uwt = np.uint64(wt)
@@ -440,7 +449,6 @@ def packed_tfs(words, boff, first, width, tblock, ends, max_tf, n_docs, li, ids,
     b0 = tblock[li]
     nbt = (e - a + PACK_BLOCK - 1) // PACK_BLOCK
     nb = first.shape[0]
-    nw = words.shape[0] - 1
     if b0 < 0 or b0 + nbt > nb or b0 + nbt >= boff.shape[0] or 2 * (b0 + nbt) > width.shape[0]:
         return FAULT_PACKED
     bi = 0
@@ -459,13 +467,8 @@ def packed_tfs(words, boff, first, width, tblock, ends, max_tf, n_docs, li, ids,
         bi = lo
         b = b0 + bi
         n = min(PACK_BLOCK, e - a - bi * PACK_BLOCK)
-        wd = np.int64(width[2 * b])
-        wt = np.int64(width[2 * b + 1])
-        o = boff[b]
-        if not _block_fits(o, boff[b + 1], n, wd, wt, nw):
-            return FAULT_PACKED
-        d = np.int64(first[b])
-        if d < 0 or d >= n_docs:
+        wd, wt, o, d = _block_head(words, boff, first, width, b, n, n_docs, np.int64(-1))
+        if d < 0:
             return FAULT_PACKED
         ubit = np.uint64(o * 32)
         uwd = np.uint64(wd)
