@@ -33,7 +33,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
 from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, load_postings, shared_tf_dtype
 from funnel.pipelines.shard import shard_name
-from funnel.pipelines.stats import read_vocabulary
+from funnel.pipelines.stats import Vocabulary, read_terms
 
 from .bm25 import ShardScorer, idf_lucene
 from .errors import IndexDamaged
@@ -592,8 +592,8 @@ class IndexVersion:
         self.n_docs_nonempty = int(coll["n_docs_nonempty"])
         self.avgdl = float(coll["avgdl"])
         self.n_shards = int(coll["n_shards"])
-        terms, df, cf = read_vocabulary(self.dir, int(coll["n_terms"]) if "n_terms" in coll else None)
-        self.vocab: dict[str, int] = {t: i for i, t in enumerate(terms)}
+        terms, df, cf = read_terms(self.dir, int(coll["n_terms"]) if "n_terms" in coll else None)
+        self.vocab = Vocabulary(terms)  # term -> global id, no Python object per term
         self._n_terms = len(terms)
         self.df = df
         self.cf = cf

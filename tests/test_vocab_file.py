@@ -14,7 +14,7 @@ import pytest
 
 from funnel.jobs.build_index import build
 from funnel.pipelines.artifacts import IndexFormatError, load_manifest, write_manifest
-from funnel.pipelines.stats import VOCAB, load_vocabulary, read_vocabulary
+from funnel.pipelines.stats import VOCAB, Vocabulary, load_vocabulary, read_terms, read_vocabulary
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl
@@ -55,6 +55,40 @@ def test_a_search_process_does_not_import_duckdb(built):
             "print('DUCKDB', 'duckdb' in sys.modules, 'pyarrow.compute' in sys.modules, rc, file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "DUCKDB False False 0" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_the_served_vocabulary_finds_every_term_and_holds_no_string_a_term(built):
+    """Serving looks terms up in `Vocabulary` (the Arrow column and sorted hashes), not a dict
+    of every term: each stored term is found at its row, anything else is not, and nothing
+    in it is a Python object a term."""
+    root, vdir = built
+    terms, _, _ = read_terms(vdir)
+    v = Vocabulary(terms)
+    words = terms.to_pylist()
+    assert len(v) == len(words) and list(v) == words and dict(v.items()) == {t: i for i, t in enumerate(words)}
+    assert all(v.get(t) == i and v[t] == i and t in v for i, t in enumerate(words))
+    for absent in ["", "zzzz", words[0] + "x", words[-1][:-1] + "\U0010ffff", "\ud800", b"fox", 7, None]:
+        assert v.get(absent) is None and v.get(absent, -1) == -1 and absent not in v
+    with pytest.raises(KeyError):
+        v["not a term"]
+    assert v == Vocabulary(pa.chunked_array([terms[:3], terms[3:]])) and v != Vocabulary(terms[1:])
+    held = [x for x in vars(v).values() if isinstance(x, (list, dict, tuple, set))]
+    assert not held
+    with open_index(root) as ix:
+        assert isinstance(ix.index.vocab, Vocabulary) and ix.index.vocab == v
+
+
+def test_terms_whose_keys_collide_are_told_apart_by_their_bytes():
+    """Every term under one key (a stand-in for a 64-bit hash collision): each is still found
+    at its own id, by comparing its bytes, and a term absent is not."""
+    class Colliding(Vocabulary):
+        key = staticmethod(lambda t: 42)
+    words = ["alpha", "beta", "café", "gamma", "naïve"]
+    v = Colliding(pa.array(words))
+    assert [v.get(t) for t in words] == [0, 1, 2, 3, 4] and v.get("delta") is None and v.get("caf") is None
+    assert Vocabulary(pa.array([], pa.string())).get("x") is None
+    with pytest.raises(ValueError, match="array of strings"):
+        Vocabulary(pa.array([1, 2]))
 
 
 def _copy(root: str, dest) -> tuple[str, str]:
