@@ -163,7 +163,8 @@ class PackedShard:
         self._mm_imp, self.impacts = _anon(max(self.n_postings, 0), self.imp_dtype)
         self.levels = None  # (length codes, denominators, impact grid) of the default parameters
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
-        self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int64)  # times asked for (`PostingsCache.fitting`)
+        # Times asked for (`PostingsCache.fitting`): int32, halved every FREQ_HALVING counts.
+        self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int32)
 
     @property
     def posting_bytes(self) -> int:
@@ -551,7 +552,7 @@ class PostingsCache:
         Every ``FREQ_HALVING`` counts added, every count is halved, so what a workload asked
         for long ago fades (the caller holds the lock)."""
         f = self.shards[s].packed.freq
-        f[li] += uses.astype(f.dtype)
+        f[li] = np.minimum(f[li] + np.asarray(uses, dtype=np.int64), np.iinfo(f.dtype).max)
         self._added += int(uses.sum())
         if self._added >= FREQ_HALVING:
             self._added = 0
