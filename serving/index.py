@@ -343,15 +343,39 @@ class DocStore:
     def id_range(self, prefix: str) -> tuple[int, int]:
         """``[lo, hi)``: where the doc_ids starting with ``prefix`` lie in
         `sorted_positions` (two binary searches; an id's first ``len(prefix)``
-        characters sort as the ids do)."""
-        import bisect
-        order, n = self.sorted_positions(), len(prefix)
+        characters sort as the ids do, and so do their UTF-8 bytes: each probe's bytes are
+        cut from the ids' buffers, as `docno_of`'s are)."""
+        order = self.sorted_positions()
+        arr, off, data = self._id_buffers()
+        if off is None:  # no ids, or an id missing (an index the checks would not open)
+            import bisect
+            n = len(prefix)
 
-        def head(j: int) -> str:
-            return self.id_at(order[j])[:n]
+            def head(j: int) -> str:
+                return self.id_at(order[j])[:n]
 
-        lo = bisect.bisect_left(range(len(order)), prefix, key=head)
-        return lo, bisect.bisect_right(range(lo, len(order)), prefix, key=head) + lo
+            lo = bisect.bisect_left(range(len(order)), prefix, key=head)
+            return lo, bisect.bisect_right(range(lo, len(order)), prefix, key=head) + lo
+        want = prefix.encode("utf-8", "surrogatepass")
+        n = len(want)
+
+        def first(lo: int, past: bool) -> int:
+            """The first rank from ``lo`` on whose id's head is above ``want`` (``past``) or
+            at least ``want``."""
+            hi = len(order)
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                p = int(order[mid])
+                a = off[p]
+                head = bytes(data[a:min(a + n, off[p + 1])])
+                if head < want or (past and head == want):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return lo
+
+        lo = first(0, False)
+        return lo, first(lo, True)
 
     def docnos_at(self, positions: np.ndarray) -> np.ndarray:
         """The docnos (``shard << 32 | local_id``) of global positions."""

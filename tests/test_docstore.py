@@ -251,6 +251,26 @@ def test_ids_by_position_and_by_id_never_make_every_id_a_str(built):
         assert _holds_no_id_objects(ix.index.docs)
 
 
+def test_id_prefixes_find_the_run_of_ids_they_begin(tmp_path):
+    """``id_range`` (a doc_id ``prefix`` filter) cuts each probe's bytes from the ids' buffers:
+    for ids in many scripts (UTF-8's byte order is code point order, as the ranks sort them),
+    every prefix of every id, and prefixes no id has, give exactly the ids that start with
+    them."""
+    ids = ["a", "ab", "abc", "a\x00", "b", "Z", "é", "éa", "e\u0301", "日本", "日本語", "\U0001F600x", "\U0001F600",
+           "z" * 40, "zz"]
+    rows = [{"_id": d, "title": "t", "text": f"word {i}"} for i, d in enumerate(ids)]
+    root = str(tmp_path / "ix")
+    build(write_jsonl(tmp_path / "c.jsonl", rows), root, shards=2, engine="local")
+    with open(os.path.join(root, "CURRENT")) as f:
+        store = DocStore(os.path.join(root, f.read().strip()), 2)
+    at = store.ids_at(np.arange(len(store))).tolist()
+    order = store.sorted_positions()
+    prefixes = {d[:j] for d in ids for j in range(len(d) + 1)} | {"abd", "\U0010ffff", "\ud800", "éb", "日", "Y"}
+    for pre in sorted(prefixes):
+        lo, hi = store.id_range(pre)
+        assert sorted(at[p] for p in order[lo:hi]) == sorted(d for d in ids if d.startswith(pre)), pre
+
+
 def _copy_version(vdir: str, dest) -> str:
     import shutil
     shutil.copytree(vdir, dest, ignore=shutil.ignore_patterns(".readers", ".verified"))
