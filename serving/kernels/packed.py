@@ -66,16 +66,9 @@ def _put(out, bit, v, w):
 
 
 @jit(inline="always")
-def _get(words, bit, mask):
-    """The value at bit ``bit`` of the stream, ``mask`` = 2**width - 1 (width <= 32)."""
-    i = bit >> 5
-    x = (np.uint64(words[i]) | (np.uint64(words[i + 1]) << np.uint64(32))) >> np.uint64(bit & 31)
-    return np.int64(x & mask)
-
-
-@jit(inline="always")
 def _uget(words, bit, mask):
-    """`_get` on an unsigned bit position (``np.uint64``), as ``np.uint64``."""
+    """The value at unsigned bit position ``bit`` (``np.uint64``) of the stream, ``mask`` =
+    2**width - 1 (width <= 32), as ``np.uint64``: one 64-bit window over two words."""
     i = bit >> np.uint64(5)
     x = (np.uint64(words[i]) | (np.uint64(words[i + np.uint64(1)]) << np.uint64(32))) >> (bit & np.uint64(31))
     return x & mask
