@@ -59,6 +59,11 @@ PRUNE_MIN_POSTINGS = 8_000  # see BM25Retriever.prune_min_postings
 RESCORE_MIN_POSTINGS = 64  # see BM25Retriever.rescore_min_postings
 DENSE_MIN_DOCS = 65_536  # see BM25Retriever.dense_min_docs
 IMPACT_TFS = 32  # tfs below this read their impact from a per-(k1, b) grid (Lucene norms only)
+#: Chunks of query text `query_gids` keeps analyzed (each at most 64 characters), cleared when
+#: full. At 1M (before) a stream of distinct 64-character chunks of 8 known terms each grew a
+#: server by ~550 MiB before the cache cleared (~170 MiB for single words); at 65,536 at most
+#: ~36 MiB, and a workload's distinct chunks (a few thousand in bench_workloads) still fit.
+CHUNK_CACHE_ENTRIES = 1 << 16
 # An index with at most this many postings keeps each posting's impact (8 bytes a posting, so
 # at most 64 MB per (k1, b), for the last two in use): the exhaustive kernels then read one
 # float per posting instead of a tf, a length code and a grid cell. Larger indexes read the
@@ -497,7 +502,8 @@ class BM25Retriever:
         is analyzed per whitespace-delimited chunk, each distinct chunk once (cached): ASCII
         whitespace is always a UAX#29 word boundary and never inside a token, so the stream
         of a text is the concatenation of its chunks' streams. Other text goes through the
-        analyzer whole. The cache holds chunks of at most 64 characters, at most 1M of them.
+        analyzer whole. The cache holds chunks of at most 64 characters, at most
+        ``CHUNK_CACHE_ENTRIES`` of them.
         """
         cache = self._chunk_gids
         vocab = self.index.vocab
@@ -511,7 +517,7 @@ class BM25Retriever:
                     if g is None:
                         g = tuple(x for x in map(vocab.get, analyze(c)) if x is not None)
                         if len(c) <= 64:  # a word or a few; a huge chunk is analyzed, not kept
-                            if len(cache) >= 1_000_000:
+                            if len(cache) >= CHUNK_CACHE_ENTRIES:
                                 cache.clear()
                             cache[c] = g
                     flat.extend(g)

@@ -98,6 +98,26 @@ def test_query_gids_equal_the_analyzer_on_whole_texts():
     assert qptr2.tolist() == qptr.tolist() and gids2.tolist() == gids.tolist()
 
 
+def test_the_chunk_cache_stays_within_its_bound(monkeypatch):
+    """Distinct chunks past ``CHUNK_CACHE_ENTRIES`` clear the cache instead of growing the
+    process (a stream of distinct chunks was held to 1M, ~550 MiB), and every text's terms
+    are still the analyzer's."""
+    from funnel.serving import lexical
+    monkeypatch.setattr(lexical, "CHUNK_CACHE_ENTRIES", 8)
+    r, _ = _retriever(1)
+    a = Analyzer()
+    r.index.analyzer = a
+    words = [f"w{i:03d}" for i in range(40)]
+    r.index.vocab = {w: i for i, w in enumerate(words)}
+    seen = 0
+    for i in range(0, 40, 3):
+        text = " ".join(words[i:i + 5]) + f" x{i}"
+        qptr, gids = r.query_gids([text])
+        assert gids.tolist() == [r.index.vocab[t] for t in a.analyze(text) if t in r.index.vocab]
+        seen = max(seen, len(r._chunk_gids))
+    assert seen == 8 and len(r._chunk_gids) <= 8
+
+
 def _oracle(ix, queries, k, remove_query=False, **options):
     p = ix._bm25_params(dict(options))
     out = {}
