@@ -109,13 +109,13 @@ def test_the_chunk_cache_stays_within_its_bound(monkeypatch):
     r.index.analyzer = a
     words = [f"w{i:03d}" for i in range(40)]
     r.index.vocab = {w: i for i, w in enumerate(words)}
-    seen = 0
+    sizes = []
     for i in range(0, 40, 3):
         text = " ".join(words[i:i + 5]) + f" x{i}"
         qptr, gids = r.query_gids([text])
         assert gids.tolist() == [r.index.vocab[t] for t in a.analyze(text) if t in r.index.vocab]
-        seen = max(seen, len(r._chunk_gids))
-    assert seen == 8 and len(r._chunk_gids) <= 8
+        sizes.append(len(r._chunk_gids))
+    assert 0 < max(sizes) <= 8 and any(b < a for a, b in zip(sizes, sizes[1:]))  # kept, and cleared when full
 
 
 def _oracle(ix, queries, k, remove_query=False, **options):
