@@ -638,6 +638,10 @@ class IndexVersion:
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
                                      len(arrays["doclen"]), rel, tf_dtype)
+                # Every reader of this shard's term ranges reads the packed shard's own copy
+                # (read at open, after the checks), so the mapped file is let go: one copy
+                # in memory instead of two (23 MiB at 3M documents, Zipf corpus).
+                arrays = {**arrays, "indptr": packed.own_indptr()}
                 impacts = None  # none stored: decoded terms get theirs (BM25Retriever._keep_levels)
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
         # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.

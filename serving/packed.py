@@ -166,6 +166,13 @@ class PackedShard:
         # Times asked for (`PostingsCache.fitting`): int32, halved every FREQ_HALVING counts.
         self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int32)
 
+    def own_indptr(self) -> np.ndarray:
+        """The shard's term ranges from now on: its private copy (what `release` trusts),
+        read-only, in place of the mapped ``indptr.npy`` (the caller drops that)."""
+        self._ends.setflags(write=False)
+        self.indptr = self._ends
+        return self._ends
+
     @property
     def posting_bytes(self) -> int:
         """Decoded bytes a posting: its id, its tf, and its level where levels are kept."""
@@ -433,6 +440,13 @@ class PostingsCache:
                             del self._ahead[key]
                         self._next.pop(key, None)
                 self._starts.remove(start)
+
+    def own_indptr(self) -> np.ndarray:
+        """The shard's term ranges from now on: its private copy (what `release` trusts),
+        read-only, in place of the mapped ``indptr.npy`` (the caller drops that)."""
+        self._ends.setflags(write=False)
+        self.indptr = self._ends
+        return self._ends
 
     @property
     def posting_bytes(self) -> int:
