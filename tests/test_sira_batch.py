@@ -144,6 +144,33 @@ def test_batch_expands_at_all(dense_ix):
     assert sira["unknown-words"] and not bm25.get("unknown-words")  # dense feedback alone
 
 
+def test_a_thread_s_buffers_grow_from_one_shard_to_the_whole_index(dense_ix):
+    """BM25 scores one shard at a time in a buffer the size of the largest shard; SIRA's
+    batch kernel keeps every shard's scores, so a thread that ran BM25 first gets the whole
+    index's buffer for it, and both answer as in a thread that never ran the other."""
+    import threading
+    qs = _queries(FIXTURE)
+    want_sira = dense_ix.search_batch(qs, mode="sira", k=10, proposer="prf")
+    want_bm25 = dense_ix.search_batch(qs, mode="bm25", k=10)
+    bm = dense_ix.bm25  # the current version's retriever (Searcher passes attributes through)
+    sizes, got = [], {}
+
+    def run():
+        got["bm25"] = dense_ix.search_batch(qs, mode="bm25", k=10)
+        sizes.append(len(bm._tls.buffers[0]))
+        got["sira"] = dense_ix.search_batch(qs, mode="sira", k=10, proposer="prf")
+        sizes.append(len(bm._tls.buffers[0]))
+        got["bm25 again"] = dense_ix.search_batch(qs, mode="bm25", k=10)
+        sizes.append(len(bm._tls.buffers[0]))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    shards = [s.n_docs for s in bm.index.shards]
+    assert len(shards) == 2 and sizes == [max(shards), sum(shards), sum(shards)]
+    assert got == {"bm25": want_bm25, "sira": want_sira, "bm25 again": want_bm25}
+
+
 def test_remove_query_and_errors_on_the_batch_path(dense_ix):
     qs = _queries(FIXTURE)
     errors = {}

@@ -92,7 +92,7 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
             cache.pin_all()
     except ShardFault as e:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm.fault_error(e) from None
-    acc, touched = bm._buffers()
+    acc, touched = bm._buffers(whole=True)  # every shard's scores at once
     fptr, fg, ftf, fdl, offsets, _, short = searcher.forward._build()
     split = np.zeros(n, dtype=bool)
     if "dense" in prep.sources:
