@@ -154,7 +154,11 @@ class PackedShard:
         self.n_postings = int(indptr[-1]) if len(indptr) else 0
         # Private: a later write to indptr.npy cannot move a term onto another's blocks
         # unnoticed (the decoder checks every block's size against its postings).
-        self.tblock = codec.term_blocks(indptr)
+        tblock = codec.term_blocks(indptr)  # each term's first block: int32 (half the bytes a term)
+        if len(tblock) and int(tblock[-1]) >= 1 << 31:
+            raise ValueError(f"{rel} holds {int(tblock[-1])} packed blocks, more than 2**31; build the index "
+                             "with more shards (funnel build --shards N)")
+        self.tblock = tblock.astype(np.int32)
         self._ends = np.array(indptr, dtype=np.int64)  # private: what `release` trusts
         self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)

@@ -151,7 +151,7 @@ def _impacts32_of(imeta32, s):
 def _packed_of(pmeta, s):
     """Shard s's packed arrays from ``pmeta`` (``layout.PACKED_FIELDS`` order)."""
     return (_view(pmeta, s, 0, np.uint32), _view(pmeta, s, 1, np.int64), _view(pmeta, s, 2, np.int32),
-            _view(pmeta, s, 3, np.uint8), _view(pmeta, s, 4, np.int64), _view(pmeta, s, 5, np.int64),
+            _view(pmeta, s, 3, np.uint8), _view(pmeta, s, 4, np.int32), _view(pmeta, s, 5, np.int64),
             _view(pmeta, s, 6, np.int64))
 
 
@@ -159,7 +159,7 @@ def _packed_of(pmeta, s):
 def _no_packed():
     """A plain shard's stand-ins for the packed arrays `_rescore_shard` takes (never read)."""
     return (np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32),
-            np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
 
 
 @jit(inline="always")

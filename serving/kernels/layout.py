@@ -196,9 +196,9 @@ NO_IMPACTS = np.zeros((0, 2), dtype=np.int64)
 #: (``kernels/packed.py``, ``serving/packed.py``), in the order of a ``pmeta`` table: the
 #: packed stream, block offsets, first ids and widths (``[nb, 2]``, flattened), each term's
 #: first block, the term ranges decode checked (a private copy of ``indptr``), and
-#: ``info``: (the largest tf the shard stores,).
+#: ``info``: (the largest tf the shard stores,). ``exhaustive._packed_of`` reads them as these dtypes.
 PACKED_FIELDS = ("words", "boff", "first", "width", "tblock", "ends", "info")
-PACKED_DTYPES = (np.uint32, np.int64, np.int32, np.uint8, np.int64, np.int64, np.int64)
+PACKED_DTYPES = (np.uint32, np.int64, np.int32, np.uint8, np.int32, np.int64, np.int64)
 
 
 def packed_table(packed: list) -> tuple[np.ndarray, list[np.ndarray]]:
