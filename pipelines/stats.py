@@ -160,11 +160,12 @@ class Vocabulary:
     Python object per term: the terms stay in their Arrow array (memory-mapped from
     `VOCAB`), beside each term's 64-bit ``hash()`` sorted, and the ids in that order. A
     lookup is a binary search of the hashes, then the term's bytes compared. Why: a dict
-    of every term held ~107 bytes a term in Python strings, ints and its table (31 MiB for
-    bench_workloads' 300K-term Zipf corpus; about 300 MiB for a natural-language corpus of
-    ~3M terms), where this holds 12 bytes a term beside the file's own bytes. A lookup
-    takes ~2 us instead of ~0.05: a query's terms are looked up once per distinct chunk of
-    text (``lexical``'s chunk cache)."""
+    of every term held its Python strings, ints and table (31 MiB of bench_workloads'
+    300K-term Zipf server; 347 MiB more RSS for 2.7M terms, against 64 with this: 12 bytes
+    a term in its arrays, the rest what building them left to the allocator). A lookup
+    takes 0.8-1.6 us instead of ~0.15 (``bench/RESULTS.md``, the note after the 3M Zipf
+    section): a query's terms are looked up once per distinct chunk of text (``lexical``'s
+    chunk cache)."""
 
     def __init__(self, terms):
         import pyarrow as pa

@@ -445,13 +445,6 @@ class PostingsCache:
                         self._next.pop(key, None)
                 self._starts.remove(start)
 
-    def own_indptr(self) -> np.ndarray:
-        """The shard's term ranges from now on: its private copy (what `release` trusts),
-        read-only, in place of the mapped ``indptr.npy`` (the caller drops that)."""
-        self._ends.setflags(write=False)
-        self.indptr = self._ends
-        return self._ends
-
     @property
     def posting_bytes(self) -> int:
         """Decoded bytes a posting, the most of any packed shard (`PackedShard.posting_bytes`)."""
