@@ -149,17 +149,19 @@ class PackedShard:
         self.tf_dtype = np.dtype(tf_dtype) if tf_dtype is not None else stored
         self.words, self.boff, self.first, self.width = (
             np.asarray(np.load(os.path.join(shard_dir, n), mmap_mode="r")) for n in PACKED_FILES)
-        self.indptr = indptr
+        # The term ranges: one private read-only copy, read once the open's checks passed, which
+        # the decoder, `release` (``_ends``) and the kernels all read, so a later write to
+        # indptr.npy cannot move a term onto another's blocks, and the file need not stay mapped.
+        self._ends = np.array(indptr, dtype=np.int64)
+        self._ends.setflags(write=False)
+        self.indptr = indptr = self._ends
         self.n_docs = n_docs
         self.n_postings = int(indptr[-1]) if len(indptr) else 0
-        # Private: a later write to indptr.npy cannot move a term onto another's blocks
-        # unnoticed (the decoder checks every block's size against its postings).
         tblock = codec.term_blocks(indptr)  # each term's first block: int32 (half the bytes a term)
         if len(tblock) and int(tblock[-1]) >= 1 << 31:
             raise ValueError(f"{rel} holds {int(tblock[-1])} packed blocks, more than 2**31; build the index "
                              "with more shards (funnel build --shards N)")
         self.tblock = tblock.astype(np.int32)
-        self._ends = np.array(indptr, dtype=np.int64)  # private: what `release` trusts
         self._mm_docs, self.docs = _anon(max(self.n_postings, 0), np.int32)
         self._mm_tfs, self.tfs = _anon(max(self.n_postings, 0), self.tf_dtype)
         # Each decoded posting's impact level for the default parameters, once `keep_levels`
@@ -169,13 +171,6 @@ class PackedShard:
         self.decoded = np.zeros(max(len(indptr) - 1, 0), dtype=bool)
         # Times asked for (`PostingsCache.fitting`): int32, halved every FREQ_HALVING counts.
         self.freq = np.zeros(max(len(indptr) - 1, 0), dtype=np.int32)
-
-    def own_indptr(self) -> np.ndarray:
-        """The shard's term ranges from now on: its private copy (what `release` trusts),
-        read-only, in place of the mapped ``indptr.npy`` (the caller drops that)."""
-        self._ends.setflags(write=False)
-        self.indptr = self._ends
-        return self._ends
 
     @property
     def posting_bytes(self) -> int:
