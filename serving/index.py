@@ -286,19 +286,33 @@ class DocStore:
             return int(hit[0]) if len(hit) else None
         want = doc_id.encode("utf-8", "surrogatepass")  # UTF-8 byte order is code point order
         order = self.sorted_positions()
-        lo, hi = 0, len(order)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            p = int(order[mid])
-            if bytes(data[off[p]:off[p + 1]]) < want:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = self._first_rank(want, 0, False)
         if lo < len(order):
             p = int(order[lo])
             if bytes(data[off[p]:off[p + 1]]) == want:
                 return p
         return None
+
+    def _first_rank(self, want: bytes, lo: int, past: bool) -> int:
+        """The first rank in `sorted_positions` from ``lo`` on whose id's first ``len(want)``
+        bytes are at least ``want`` (or, with ``past``, above it): a binary search, each
+        probe's bytes cut from the ids' buffers (the caller checked they exist). Those heads
+        sort as the whole ids do where ``want`` is a whole id, so the first id at least
+        ``want`` is found the same way."""
+        _, off, data = self._id_buffers()
+        order = self.sorted_positions()
+        n = len(want)
+        hi = len(order)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            p = int(order[mid])
+            a = off[p]
+            head = bytes(data[a:min(a + n, off[p + 1])])
+            if head < want or (past and head == want):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     #: Above this many ids, `positions_of` scans every id once (Arrow's ``is_in``: ~40 ms at
     #: 3M documents) instead of one binary search an id (~11 us each there).
@@ -357,25 +371,8 @@ class DocStore:
             lo = bisect.bisect_left(range(len(order)), prefix, key=head)
             return lo, bisect.bisect_right(range(lo, len(order)), prefix, key=head) + lo
         want = prefix.encode("utf-8", "surrogatepass")
-        n = len(want)
-
-        def first(lo: int, past: bool) -> int:
-            """The first rank from ``lo`` on whose id's head is above ``want`` (``past``) or
-            at least ``want``."""
-            hi = len(order)
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                p = int(order[mid])
-                a = off[p]
-                head = bytes(data[a:min(a + n, off[p + 1])])
-                if head < want or (past and head == want):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return lo
-
-        lo = first(0, False)
-        return lo, first(lo, True)
+        lo = self._first_rank(want, 0, False)
+        return lo, self._first_rank(want, lo, True)
 
     def docnos_at(self, positions: np.ndarray) -> np.ndarray:
         """The docnos (``shard << 32 | local_id``) of global positions."""
@@ -638,10 +635,10 @@ class IndexVersion:
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
                                      len(arrays["doclen"]), rel, tf_dtype)
-                # Every reader of this shard's term ranges reads the packed shard's own copy
-                # (read at open, after the checks), so the mapped file is let go: one copy
-                # in memory instead of two (23 MiB at 3M documents, Zipf corpus).
-                arrays = {**arrays, "indptr": packed.own_indptr()}
+                # Every reader of this shard's term ranges reads the packed shard's own copy,
+                # so the mapped file is let go: one copy in memory instead of two (23 MiB at
+                # 3M documents, Zipf corpus).
+                arrays = {**arrays, "indptr": packed.indptr}
                 impacts = None  # none stored: decoded terms get theirs (BM25Retriever._keep_levels)
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
         # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.
