@@ -546,8 +546,9 @@ def render(res: dict, command: str) -> str:
          "over the timing children: " + ", ".join(f"{c}: {r['tp'].get('load_start', 0):.1f} → "
                                                   f"{r['tp'].get('load_end', 0):.1f}" for c, r in res["corpora"].items())
          + "). Command: `" + command + "`. " + res.get("how", "All figures below come from this one run.")
-         + (" funnel read its plain postings into memory at open (`FUNNEL_LOAD_POSTINGS=1`, as bm25s loads its "
-            "arrays) instead of mapping them." if res.get("load_postings") else ""), ""]
+         + (" funnel read its postings (plain arrays, packed blocks) into memory at open "
+            "(`FUNNEL_LOAD_POSTINGS=1`, as bm25s loads its arrays) instead of mapping them."
+            if res.get("load_postings") else ""), ""]
     rows = []
     for c, r in res["corpora"].items():
         tp = r["tp"]
@@ -692,8 +693,9 @@ def main(argv=None):
                    help="time funnel's kernels with and without their bounds checks, interleaved (module "
                         "docstring); builds and times funnel only, writes the 'bounds-check-SIZE' section")
     p.add_argument("--load-postings", action="store_true",
-                   help="funnel reads its plain postings into memory at open (FUNNEL_LOAD_POSTINGS=1, for every "
-                        "funnel child), as bm25s loads its arrays, instead of mapping them")
+                   help="funnel reads its postings (plain arrays, packed blocks) into memory at open "
+                        "(FUNNEL_LOAD_POSTINGS=1, for every funnel child), as bm25s loads its arrays, instead of "
+                        "mapping them")
     p.add_argument("--write", action="store_true", help="record the 'workloads' section of bench/RESULTS.md")
     a = p.parse_args(argv)
     if a.load_postings:

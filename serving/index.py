@@ -634,7 +634,7 @@ class IndexVersion:
                 arrays, impacts = _in_memory(arrays, impacts)
             if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
-                                     len(arrays["doclen"]), rel, tf_dtype)
+                                     len(arrays["doclen"]), rel, tf_dtype, load=self._load_postings)
                 # Every reader of this shard's term ranges reads the packed shard's own copy,
                 # so the mapped file is let go: one copy in memory instead of two (23 MiB at
                 # 3M documents, Zipf corpus).

@@ -98,7 +98,8 @@ def cache_budget() -> int:
 
 def load_postings() -> bool:
     """``FUNNEL_LOAD_POSTINGS``: read a plain index's postings (document ids, tfs, impact
-    levels) into the process's own memory at open instead of mapping their files (default 0).
+    levels), or a packed one's blocks (``packed*.npy``), into the process's own memory at
+    open instead of mapping their files (default 0).
 
     Why: here (Linux 6.18 in a VM) anonymous memory gets transparent huge pages and the
     mapped files' page cache few, and the exhaustive pass over the same arrays took ~1.5×
@@ -115,6 +116,14 @@ def load_postings() -> bool:
                      "at open) or 0 (map them; the default)")
 
 
+def _own(a: np.ndarray) -> np.ndarray:
+    """A read-only copy of mapped ``a`` in the process's own memory (NumPy asks for transparent
+    huge pages for an array of 4 MiB or more)."""
+    out = np.array(a)
+    out.setflags(write=False)
+    return out
+
+
 def _anon(n: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
     """An anonymous map of ``n`` items of ``dtype`` (zero pages: no memory until written)."""
     dtype = np.dtype(dtype)
@@ -127,7 +136,8 @@ class PackedShard:
     """One packed shard: its packed arrays (memory-mapped) and the plain arrays the kernels
     read, filled term by term (module docstring)."""
 
-    def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None):
+    def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None,
+                 load: bool = False):
         from .kernels import packed as codec
         from .kernels.layout import IMPACT_DTYPE
         self._codec = codec
@@ -149,6 +159,9 @@ class PackedShard:
         self.tf_dtype = np.dtype(tf_dtype) if tf_dtype is not None else stored
         self.words, self.boff, self.first, self.width = (
             np.asarray(np.load(os.path.join(shard_dir, n), mmap_mode="r")) for n in PACKED_FILES)
+        if load:  # FUNNEL_LOAD_POSTINGS=1: the blocks in the process's own memory (`load_postings`)
+            self.words, self.boff, self.first, self.width = (_own(a) for a in (self.words, self.boff, self.first,
+                                                                               self.width))
         # The term ranges: one private read-only copy, read once the open's checks passed, which
         # the decoder, `release` (``_ends``) and the kernels all read, so a later write to
         # indptr.npy cannot move a term onto another's blocks, and the file need not stay mapped.

@@ -591,10 +591,10 @@ def _mapped(arr: np.ndarray) -> bool:
 
 
 def test_postings_read_into_memory_answer_as_mapped_ones(pair, monkeypatch):
-    """``FUNNEL_LOAD_POSTINGS=1`` reads a plain index's document ids, tfs and impact levels
-    into the process's memory at open (read-only, as the mapped ones are): every answer is
-    the same, pruned, filtered, paged or batched; a packed index has nothing to read and
-    answers as before."""
+    """``FUNNEL_LOAD_POSTINGS=1`` reads a plain index's document ids, tfs and impact levels,
+    and a packed index's blocks, into the process's memory at open (read-only, as the mapped
+    ones are): every answer is the same, pruned, filtered, paged or batched, the packed
+    index's with every term read from its blocks (budget 0) or decoded."""
     plain, packed, _ = pair
     mapped = _answers(plain)
     monkeypatch.setenv("FUNNEL_LOAD_POSTINGS", "1")
@@ -603,7 +603,13 @@ def test_postings_read_into_memory_answer_as_mapped_ones(pair, monkeypatch):
             for arr in (sh.docs, sh.tfs, sh.stored_impacts[1]):
                 assert not _mapped(arr) and not arr.flags.writeable
             assert _mapped(sh.indptr)
+    with Searcher(packed) as s:
+        for sh in s.index.shards:
+            for arr in (sh.packed.words, sh.packed.boff, sh.packed.first, sh.packed.width):
+                assert not _mapped(arr) and not arr.flags.writeable
     assert _answers(plain) == mapped
+    assert _answers(packed) == mapped
+    monkeypatch.setenv("FUNNEL_POSTINGS_CACHE_MB", "0")
     assert _answers(packed) == mapped
 
 
