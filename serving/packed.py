@@ -133,8 +133,9 @@ def _anon(n: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
 
 
 class PackedShard:
-    """One packed shard: its packed arrays (memory-mapped) and the plain arrays the kernels
-    read, filled term by term (module docstring)."""
+    """One packed shard: its packed arrays (memory-mapped, or with ``load`` read into the
+    process's memory: `load_postings`) and the plain arrays the kernels read, filled term by
+    term (module docstring)."""
 
     def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None,
                  load: bool = False):
