@@ -31,7 +31,7 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
-from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, load_postings, shared_tf_dtype
+from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, load_postings, own_copy, shared_tf_dtype
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import Vocabulary, read_terms
 
@@ -523,13 +523,9 @@ def _in_memory(arrays: dict, impacts: tuple | None) -> tuple[dict, tuple | None]
     """A plain shard's postings (document ids, tfs, stored impact levels) read into the
     process's memory (``FUNNEL_LOAD_POSTINGS``, ``packed.load_postings``), read-only as the
     mapped arrays are (so the kernels compiled for those serve them), checked as they were."""
-    def copy(a: np.ndarray) -> np.ndarray:
-        out = np.array(a)  # NumPy asks for transparent huge pages for an array this size
-        out.setflags(write=False)
-        return out
-    arrays = {**arrays, "docs": copy(arrays["docs"]), "tfs": copy(arrays["tfs"])}
+    arrays = {**arrays, "docs": own_copy(arrays["docs"]), "tfs": own_copy(arrays["tfs"])}
     if impacts is not None:
-        impacts = (impacts[0], copy(impacts[1]))
+        impacts = (impacts[0], own_copy(impacts[1]))
     return arrays, impacts
 
 

@@ -208,6 +208,7 @@ class BM25Retriever:
         self._impact_args: dict[BM25Params, tuple] = {}  # (imeta, arrays it points into): see _impacts
         self._impact32_args = None  # (imeta32, stored arrays it points into): see _impacts32
         self._packed_args = None  # (pmeta, arrays it points into, level grid): see _packed_pk
+        self._doc_slots = None  # (largest shard's documents, the index's): see _buffers
         self._tls = threading.local()
         self._lock = threading.Lock()
         # Whitespace-delimited chunk of ASCII query text -> global ids of its analyzed terms
@@ -487,8 +488,10 @@ class BM25Retriever:
         search.py``), or with ``whole`` one per document of the index (SIRA's batch kernel
         keeps every shard's scores). At 3M documents in 10 shards, 3.6 MiB a thread instead
         of 36."""
-        sh = self.index.shards
-        n = sum(s.n_docs for s in sh) if whole else max((s.n_docs for s in sh), default=0)
+        if self._doc_slots is None:  # the version's shards never change: counted once
+            sh = self.index.shards
+            self._doc_slots = (max((s.n_docs for s in sh), default=0), sum(s.n_docs for s in sh))
+        n = self._doc_slots[1 if whole else 0]
         b = getattr(self._tls, "buffers", None)
         if b is None or len(b[0]) < n:
             # touched gets one spare slot: the kernel writes one past the last seen document.

@@ -116,9 +116,10 @@ def load_postings() -> bool:
                      "at open) or 0 (map them; the default)")
 
 
-def _own(a: np.ndarray) -> np.ndarray:
-    """A read-only copy of mapped ``a`` in the process's own memory (NumPy asks for transparent
-    huge pages for an array of 4 MiB or more)."""
+def own_copy(a: np.ndarray) -> np.ndarray:
+    """A read-only copy of mapped ``a`` in the process's own memory (`load_postings`; NumPy
+    asks for transparent huge pages for an array of 4 MiB or more), read-only as the mapped
+    one is, so the kernels compiled for those serve it."""
     out = np.array(a)
     out.setflags(write=False)
     return out
@@ -161,8 +162,8 @@ class PackedShard:
         self.words, self.boff, self.first, self.width = (
             np.asarray(np.load(os.path.join(shard_dir, n), mmap_mode="r")) for n in PACKED_FILES)
         if load:  # FUNNEL_LOAD_POSTINGS=1: the blocks in the process's own memory (`load_postings`)
-            self.words, self.boff, self.first, self.width = (_own(a) for a in (self.words, self.boff, self.first,
-                                                                               self.width))
+            self.words, self.boff, self.first, self.width = (own_copy(a) for a in (self.words, self.boff,
+                                                                                   self.first, self.width))
         # The term ranges: one private read-only copy, read once the open's checks passed, which
         # the decoder, `release` (``_ends``) and the kernels all read, so a later write to
         # indptr.npy cannot move a term onto another's blocks, and the file need not stay mapped.
