@@ -54,7 +54,7 @@ from results import report  # noqa: E402
 TOKENS = {"alice-bench-token": {"principal": "alice", "groups": ["eng"]},
           "bob-bench-token": {"principal": "bob", "groups": ["sales"]}}
 POLL_S = 0.02
-CLI = [sys.executable, "-m", "funnel.serving.cli"]
+CLI = [sys.executable, "-m", "funnel.serving.frontends.cli"]
 
 
 def with_fields(src: str, dst: str) -> list[dict]:

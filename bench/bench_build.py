@@ -5,7 +5,7 @@
 Per dataset, in one run, interleaved, best of ``--repeats``:
 
 - ``funnel build --engine local`` and ``--engine ray`` as a user runs them: a fresh process
-  each (``python -m funnel.serving.cli build``), so the Ray figure includes starting a local
+  each (``python -m funnel.serving.frontends.cli build``), so the Ray figure includes starting a local
   Ray and the local one the same interpreter and imports; the shard count is the auto one
   (1 for these corpora) on both, and RAY_ADDRESS is unset.
 - funnel's local engine in this process (``build(..., engine="local")``), to set against
@@ -71,7 +71,7 @@ def cli_build(ddir: str, out: str, engine: str) -> tuple[float, float, dict]:
     """(wall seconds, peak RSS MiB of its process tree, the manifest's build section) of one `funnel build`."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", ddir, "--out", out,
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", ddir, "--out", out,
            "--engine", engine, "--progress-seconds", "0"]
     with tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()

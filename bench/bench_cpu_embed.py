@@ -62,7 +62,7 @@ INT8_BOUND = 0.005
 
 
 def funnel(*args: str) -> list[str]:
-    return [sys.executable, "-m", "funnel.serving.cli", *args]
+    return [sys.executable, "-m", "funnel.serving.frontends.cli", *args]
 
 
 def run_child(cmd: list[str], env: dict | None = None, stdout=subprocess.DEVNULL) -> dict:
@@ -320,7 +320,7 @@ def _warm_seconds(log_path: str) -> dict:
     return {"total": float((whole or total)[-1]) if whole or total else None,
             "embedder": float(embed[-1]) if embed else None,
             "version": float(total[-1]) if total else None,  # VersionSearcher.warm, what the warm-up was before
-            "added": sum(map(float, more[-1])) if more else None}  # serving.warmup's queries and requests
+            "added": sum(map(float, more[-1])) if more else None}  # serving.frontends.warmup's queries and requests
 
 
 def part_server(a) -> dict:
@@ -470,7 +470,7 @@ def render(res: dict, before: dict | None = None, before_label: str = "", note: 
                   "of it the query embedder's load and first embedding), the first hybrid request after start "
                   "(median over starts), and the p50 of the hundred after them (distinct SciFact queries; "
                   "the MCP client lists tools on connecting, as clients do):", "",
-                  "| server | start s | warm-up s (embedder) | of it added by serving.warmup s "
+                  "| server | start s | warm-up s (embedder) | of it added by serving.frontends.warmup s "
                   "| first request ms | p50 of next 100 ms | first / p50 |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         compile_ms = [s["client_compile"] * 1000 for s in res["server"].get("mcp", []) if "client_compile" in s]
@@ -485,7 +485,7 @@ def render(res: dict, before: dict | None = None, before_label: str = "", note: 
             added = f"{statistics.median(added):.2f}" if added else "-"
             lines.append(f"| {name} | {start:.1f} | {warm} | {added} | {first * 1000:.0f} | {p50 * 1000:.0f} "
                          f"| {first / p50:.2f}x |")
-        lines += ["", "The warm-up (serving/warmup.py) answers a BM25 and a hybrid query on the version "
+        lines += ["", "The warm-up (serving/frontends/warmup.py) answers a BM25 and a hybrid query on the version "
                   "(VersionSearcher.warm, all of the warm-up before), then 3 "
                   "queries from documents spread over the corpus, first on the version and then as requests through "
                   "the server's own front end in-process (the HTTP app; the MCP server through an in-memory client "

@@ -98,7 +98,7 @@ def build(corpus: str, out: str, work: str, name: str, min_avail: int, dense_url
           pythonpath: str | None = None) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cache = tempfile.mkdtemp(prefix="funnel-cache-", dir=work)
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", out,
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", corpus, "--out", out,
            "--engine", "ray", "--progress-seconds", "30"]
     if dense_url:
         cmd += ["--dense", "--embed-model", f"openai:{MODEL}@{dense_url}"]

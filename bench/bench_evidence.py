@@ -97,7 +97,7 @@ def build(corpus: str, root: str, dense: bool = True, extra: tuple = ()) -> None
     """``funnel build`` in a subprocess (reused when ``root`` already has a version)."""
     if os.path.exists(os.path.join(root, "CURRENT")):
         return
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", root,
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", corpus, "--out", root,
            "--engine", "local", *(["--dense"] if dense else []), *extra]
     print("building:", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -11,7 +11,7 @@ configuration, each query timed alone, configurations interleaved pass by pass, 
 best of ``--repeats`` kept:
 
 - ``unfiltered``: ``BM25Retriever.search_arrays`` (the pruned compiled kernel);
-- ``p%``: the same call under the mask of ``{"sel": {"lt": p}}`` (``serving/masked.py``);
+- ``p%``: the same call under the mask of ``{"sel": {"lt": p}}`` (``serving/lexical/masked.py``);
 - ``ACL 50%``: under the mask of a principal that may read half the documents;
 - each mask's evaluation from the columns, once (masks are cached per filter and principal,
   so a repeated filter pays it once), reported separately;
@@ -75,7 +75,7 @@ def timed(configs: dict, items: list, call, repeats: int):
     configurations interleaved pass by pass after two warm passes; each item's best of
     ``repeats``, and the ``masked.STATS`` each configuration added in one pass."""
     import numpy as np
-    from funnel.serving import masked
+    from funnel.serving.lexical import masked
     for _ in range(2):  # warm: compiled kernels, block maxima, caches (and hybrid's query vectors)
         for mask in configs.values():
             for x in items:
@@ -219,7 +219,7 @@ def measure(a, ix, data: str, label: str, filters, principal, np) -> str:
         lines.append(f"| {int(edges[q]):,}–{int(edges[q + 1]):,} | {int(sel.sum())} | "
                      f"{row['unfiltered'][sel].mean() * 1e6:,.0f} | "
                      + " | ".join(f"{row[n][sel].sum() / base:.2f}×" for n in list(configs)[1:]) + " |")
-    lines += ["", "Masked strategy per shard-query (one pass; `serving/masked.py`): by candidates / by "
+    lines += ["", "Masked strategy per shard-query (one pass; `serving/lexical/masked.py`): by candidates / by "
               "block-max term-at-a-time (of which went to sorted candidates) / unpruned: " + "; ".join(
                   f"{n} {int(s[0]):,} / {int(s[1]):,} ({int(s[2]):,}) / {int(s[3]):,}"
                   for n, s in stats.items() if n != "unfiltered") + "."]

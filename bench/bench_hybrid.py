@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None):
     a = parse_args(argv)
     dirs = {ds: dataset_dir(a.data, ds) for ds in a.datasets.split(",")}
-    from funnel.serving.cli import ensure_index
+    from funnel.serving.frontends.cli import ensure_index
     from funnel.evaluation.evaluate import load_beir
     from funnel.evaluation.metrics import evaluate
     from funnel.evaluation.trec import run_as_written

@@ -84,7 +84,7 @@ def _matches(man: dict | None, n_docs: int) -> bool:
 def build(corpus: str, index: str, url: str, log: str) -> float:
     """``funnel build --dense`` through the hash server; returns wall seconds."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", index,
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", corpus, "--out", index,
            "--dense", "--embed-model", f"openai:{MODEL}@{url}", "--progress-seconds", "60"]
     print("building:", " ".join(cmd), flush=True)
     t = time.perf_counter()

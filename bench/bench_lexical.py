@@ -34,7 +34,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, os.path.dirname(__file__))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402
 
-from funnel.serving.lexical import IMPACT_POSTINGS, PRUNE_MIN_POSTINGS  # noqa: E402
+from funnel.serving.lexical.retriever import IMPACT_POSTINGS, PRUNE_MIN_POSTINGS  # noqa: E402
 
 KS = (10, 100)
 

@@ -193,7 +193,7 @@ def free_port() -> int:
 
 
 def funnel_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "funnel.serving.cli", *args]
+    return [sys.executable, "-m", "funnel.serving.frontends.cli", *args]
 
 
 def run_funnel(*args: str, timeout: float = 600) -> float:

@@ -95,7 +95,7 @@ def build(corpus: str, root: str, passages: str, bm25_passages: bool = False, ca
     if cache is not None:
         shutil.rmtree(cache, ignore_errors=True)
         env = dict(os.environ, FUNNEL_CACHE=cache)
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", root, "--dense",
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", corpus, "--out", root, "--dense",
            "--passages", passages] + (["--bm25-passages"] if bm25_passages else [])
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)

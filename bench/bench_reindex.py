@@ -78,7 +78,7 @@ def make_corpora(corpus: str, out: str, fraction: float, seed: int, scale: int =
 def funnel(*args: str, env: dict | None = None) -> float:
     """Run ``funnel ARGS`` as a new process; its wall time in seconds (exits on failure)."""
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", *args], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", *args], capture_output=True, text=True, env=env)
     secs = time.perf_counter() - t
     if p.returncode != 0:
         sys.exit(f"error: funnel {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -89,7 +89,7 @@ def build_engines(requested: str | None) -> list[str]:
     """The build engines to time: ``--engines``, else ray and local where ``funnel build`` has ``--engine``."""
     if requested:
         return [e.strip() for e in requested.split(",") if e.strip()]
-    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "build", "--help"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--help"], capture_output=True, text=True)
     return ["ray", "local"] if "--engine" in p.stdout else ["default"]
 
 

@@ -72,7 +72,7 @@ def start_moto() -> tuple[subprocess.Popen, str]:
 def funnel(args: list[str], env: dict) -> float:
     """Run ``funnel ARGS`` as a new process; its wall time in seconds (exits on failure)."""
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", *args], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", *args], capture_output=True, text=True, env=env)
     secs = time.perf_counter() - t
     if p.returncode != 0:
         sys.exit(f"error: funnel {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}")

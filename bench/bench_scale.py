@@ -254,7 +254,7 @@ def funnel_build(corpus: str, out: str, engine: str, shards: int | None, work: s
                  shard_mib: int | None = None, postings: str = "plain") -> dict:
     """``funnel build`` as a user runs it (the CLI, a fresh process), measured; plus its manifest's facts."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", corpus, "--out", out,
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", corpus, "--out", out,
            "--engine", engine, "--progress-seconds", "20"] + (["--shards", str(shards)] if shards else []) \
         + (["--shard-mib", str(shard_mib)] if shard_mib else []) \
         + (["--postings", postings] if postings != "plain" else [])
@@ -541,7 +541,7 @@ def cli_one_query(corpus: str, index: str, runs: int = 3) -> dict:
     imports, open, one query, ten hits with snippets printed): what an agent calling the
     CLI once per question waits for."""
     q = next(iter(_queries(corpus, 1).values()))
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "search", index, q, "--k", "10"]
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "search", index, q, "--k", "10"]
     walls = []
     for _ in range(runs):
         t = time.perf_counter()

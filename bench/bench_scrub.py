@@ -1,4 +1,4 @@
-"""Scrub benchmark: what the background scrub (``serving/scrub.py``) and the open-time
+"""Scrub benchmark: what the background scrub (``serving/frontends/scrub.py``) and the open-time
 structure checks (``serving/structure.py``) cost on a synthetic index.
 
     .venv/bin/python bench/bench_scrub.py [--docs 1m] [--rate 8] [--synth .funnel/synth]
@@ -51,7 +51,7 @@ def build(corpus: str, root: str, n_docs: int) -> float | None:
     except (OSError, ValueError, KeyError):
         pass
     shutil.rmtree(root, ignore_errors=True)
-    cmd = [sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", os.path.join(corpus, "corpus.jsonl"),
+    cmd = [sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", os.path.join(corpus, "corpus.jsonl"),
            "--out", root, "--progress-seconds", "30"]
     print("building:", " ".join(cmd), file=sys.stderr)
     t = time.perf_counter()
@@ -104,7 +104,7 @@ def open_cost(root: str, repeats: int) -> dict:
 
 def scrub_pass(root: str, rate: float) -> dict:
     """One full pass at ``rate`` MiB/s over the version CURRENT names."""
-    from funnel.serving.scrub import Scrubber
+    from funnel.serving.frontends.scrub import Scrubber
     from funnel.serving.search import Searcher
     with Searcher(root) as s:
         res = Scrubber(s.follower, rate_mb_s=rate).run_once()
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5, help="opens per variant (default %(default)s)")
     p.add_argument("--write", action="store_true", help="record this run's section in bench/RESULTS.md")
     a = p.parse_args(argv)
-    from funnel.serving.scrub import DEFAULT_RATE_MB_S
+    from funnel.serving.frontends.scrub import DEFAULT_RATE_MB_S
     rate = a.rate or DEFAULT_RATE_MB_S
     name = label(a.docs)
     corpus = os.path.join(a.synth, name)

@@ -50,7 +50,7 @@ def _index(ds: str, shards: int | None = 4):
     """The index of set ``ds`` with vectors: 4 shards at .funnel/indexes/NAME (as `funnel eval`
     builds it), another count at .funnel/indexes/NAME-N, or with ``shards=None`` the count the
     build chooses (.funnel/indexes/NAME-auto)."""
-    from funnel.serving.cli import ensure_index
+    from funnel.serving.frontends.cli import ensure_index
     from funnel.serving.search import open_index
     root = None if shards == 4 else os.path.join(".funnel", "indexes", f"{ds}-{shards or 'auto'}")
     return open_index(ensure_index(os.path.join(DATA, ds), root, True, shards))

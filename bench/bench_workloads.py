@@ -74,7 +74,7 @@ from results import DEFAULT_DATA, report  # noqa: E402
 KS = (10, 100)
 SYSTEMS = ("funnel", "funnel-packed", "bm25s", "pisa")
 # funnel's two postings formats (``funnel build --postings``): plain, the default, and packed
-# (bit-packed blocks decoded into a bounded cache, ``serving/packed.py``), each its own index
+# (bit-packed blocks decoded into a bounded cache, ``serving/lexical/packed.py``), each its own index
 # and system in the same run. The ratios are plain funnel's; packed's own are a column beside.
 FUNNELS = ("funnel", "funnel-packed")
 CORPORA = ("zipf", "topical")
@@ -378,7 +378,7 @@ def child_boundscheck(args: dict) -> None:
     """funnel's batch search with the checked and the unchecked kernels, interleaved
     (module docstring, ``--bounds-check-cost``)."""
     import funnel.serving.kernels as checked
-    from funnel.serving import lexical
+    from funnel.serving.lexical import retriever as lexical
     from funnel.serving.search import open_index
     variants = {"checked": checked, "unchecked": unchecked_kernels()}
     ix = open_index(args["indexes"]["funnel"])

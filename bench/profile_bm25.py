@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 from funnel.serving import kernels as K  # noqa: E402
-from funnel.serving.lexical import _DEFAULT  # noqa: E402
+from funnel.serving.lexical.retriever import _DEFAULT  # noqa: E402
 from funnel.serving.search import open_index  # noqa: E402
 
 

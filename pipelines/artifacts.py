@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 #: a message to rebuild (or upgrade), instead of reading the narrower arrays as damage.
 FORMAT_VERSION = 2
 #: The format of a version whose BM25 postings are packed (``funnel build --postings packed``,
-#: ``serving/packed.py``): a funnel that reads only 1 and 2 refuses it with a message to
+#: ``serving/lexical/packed.py``): a funnel that reads only 1 and 2 refuses it with a message to
 #: rebuild (or upgrade) instead of finding its ``docs.npy`` missing.
 PACKED_FORMAT_VERSION = 3
 #: The formats this funnel reads: version 1 indexes open and are scored exactly from their

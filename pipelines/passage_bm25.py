@@ -4,7 +4,7 @@ BM25 stays whole-document by default, as Lucene scores it (Lucene parity). With 
 the build also indexes every passage the dense stage split (``passages/shard-NNNN.parquet``)
 as one document of a second, ordinary BM25 index, built by the same builder into the
 version's `SUBDIR` folder, and serving scores a document by its best passage (MaxP,
-``funnel.serving.passage_bm25``). Why passages: BM25's length normalisation divides a long
+``funnel.serving.lexical.passage_bm25``). Why passages: BM25's length normalisation divides a long
 document's term frequencies by its length, so a few query words in one section of a
 10,000-word report score low against a short document holding them; scored by its best
 passage, the report competes with what it says where it says it.

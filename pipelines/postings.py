@@ -365,10 +365,10 @@ def pack_shard(shard_dir: str, a: dict[str, np.ndarray]) -> None:
     """Replace the shard's ``docs.npy`` and ``tfs.npy`` (and any ``impacts.npy``) with their
     packed form (``PACKED_FILES``, ``packed.json``; ``serving/kernels/packed.py``): document
     gaps and tfs bit-packed per block of 128 postings, about 1-2 bytes a posting instead of
-    6-8. Serving decodes the terms a query reads into a bounded cache (``serving/packed.py``);
+    6-8. Serving decodes the terms a query reads into a bounded cache (``serving/lexical/packed.py``);
     the stored impacts are not kept (serving scores a packed shard from its tfs, exactly)."""
     from funnel.serving.kernels.packed import PACK_BLOCK, pack_postings
-    from funnel.serving.packed import PACKED_FILES, PACKED_FORMAT, PACKED_KEY
+    from funnel.serving.lexical.packed import PACKED_FILES, PACKED_FORMAT, PACKED_KEY
     tfs = narrow_tfs(np.asarray(a["tfs"]))
     arrays = pack_postings(np.asarray(a["indptr"], dtype=np.int64), np.asarray(a["docs"]), tfs)
     for name, arr in zip(PACKED_FILES, arrays, strict=True):
@@ -384,7 +384,7 @@ def pack_shard(shard_dir: str, a: dict[str, np.ndarray]) -> None:
 
 def is_packed(shard_dir: str) -> bool:
     """Whether the shard's postings are packed (`pack_shard`)."""
-    from funnel.serving.packed import PACKED_KEY
+    from funnel.serving.lexical.packed import PACKED_KEY
     return os.path.exists(os.path.join(shard_dir, PACKED_KEY))
 
 
@@ -393,7 +393,7 @@ def posting_files(shard_dir: str) -> tuple[str, ...]:
     same less ``PACKED_REPLACES`` plus the packed files (`pack_shard`)."""
     if not is_packed(shard_dir):
         return POSTING_FILES
-    from funnel.serving.packed import PACKED_FILES, PACKED_KEY
+    from funnel.serving.lexical.packed import PACKED_FILES, PACKED_KEY
     return tuple(n for n in POSTING_FILES if n not in PACKED_REPLACES) + PACKED_FILES + (PACKED_KEY,)
 
 
@@ -409,8 +409,8 @@ def write_block_maxima(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -
     from funnel.serving import kernels
     if not kernels.HAVE_NUMBA:
         return False
-    from funnel.serving.bm25 import norm_bytes
-    from funnel.serving.lexical import block_maxima_key, default_block_maxima
+    from funnel.serving.lexical.bm25 import norm_bytes
+    from funnel.serving.lexical.retriever import block_maxima_key, default_block_maxima
     arrays = kernels.block_bounds32(
         default_block_maxima(a["indptr"], a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl))
     for name, arr in zip(BLOCK_FILES, arrays, strict=True):
@@ -431,8 +431,8 @@ def write_impacts(shard_dir: str, a: dict[str, np.ndarray], avgdl: float) -> boo
     from funnel.serving import kernels
     if not kernels.HAVE_NUMBA:
         return False
-    from funnel.serving.bm25 import norm_bytes
-    from funnel.serving.lexical import default_impacts, impacts_key
+    from funnel.serving.lexical.bm25 import norm_bytes
+    from funnel.serving.lexical.retriever import default_impacts, impacts_key
     imp = default_impacts(a["docs"], a["tfs"], norm_bytes(np.asarray(a["doclen"])), avgdl)
     save_npy_atomic(os.path.join(shard_dir, IMPACT_FILE), imp)
     write_json_atomic(os.path.join(shard_dir, IMPACT_KEY_FILE), impacts_key(avgdl))
@@ -485,7 +485,7 @@ def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True,
                decode: bool = True) -> dict[str, np.ndarray]:
     """The shard's arrays by name (``indptr``, ``docs``, ...); the bound arrays where present.
     A packed shard's ``docs`` and ``tfs`` are decoded into memory (``decode``; without it
-    they are left out: serving decodes them term by term, ``serving/packed.py``)."""
+    they are left out: serving decodes them term by term, ``serving/lexical/packed.py``)."""
     mode = "r" if mmap else None
     packed = is_packed(shard_dir)
     names = tuple(n for n in POSTING_FILES if not (packed and n in PACKED_REPLACES)) + ("term_gid.npy",)
@@ -493,7 +493,7 @@ def load_shard(shard_dir: str, mmap: bool = True, with_bounds: bool = True,
         names += tuple(n for n in BOUND_FILES if os.path.exists(os.path.join(shard_dir, n)))
     out = {n[:-4]: np.load(os.path.join(shard_dir, n), mmap_mode=mode) for n in names}
     if packed and decode:
-        from funnel.serving.packed import PackedShard
+        from funnel.serving.lexical.packed import PackedShard
         p = PackedShard(shard_dir, np.asarray(out["indptr"]), len(out["doclen"]), shard_dir)
         out["docs"], out["tfs"] = p.all()
     return out

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from . import bounds
-from .citations import MAX_RANGE_CHARS, last_visible, text_range
+from .answers import bounds
+from .answers.citations import MAX_RANGE_CHARS, last_visible, text_range
 from .errors import SearchError
 
 # ``vs`` is the calling ``serving.search.VersionSearcher``; it is named in annotations as a
@@ -272,7 +272,7 @@ def get_document(vs: "VersionSearcher", doc_id: str, start: int | None = None, e
 def _fetch(vs: "VersionSearcher", n: int, start, end, lines, wanted, restricted: bool, max_chars: int) -> dict:
     """One document's answer within ``max_chars`` characters: its title (at most
     ``bounds.MAX_TITLE_CHARS``), its fields (at most ``bounds.MAX_FIELDS_CHARS`` of JSON), then
-    its text in what is left (``serving.bounds``); ``title_length`` / ``fields_truncated`` say
+    its text in what is left (``serving.answers.bounds``); ``title_length`` / ``fields_truncated`` say
     what was cut."""
     docs = vs.index.docs
     doc = docs.get(n)
@@ -403,7 +403,7 @@ def list_documents(vs: "VersionSearcher", prefix: Any = None, *, glob: Any = Non
     pos = _matching_positions(vs, prefix, glob, principal)
     docs = vs.index.docs
     page = []
-    budget = bounds.MAX_ANSWER_CHARS  # titles and fields of the page (serving.bounds): it ends early past it
+    budget = bounds.MAX_ANSWER_CHARS  # titles and fields of the page (serving.answers.bounds): it ends early past it
     for n in docs.docnos_at(pos[offset:offset + limit]).tolist():
         if budget <= 0:
             break

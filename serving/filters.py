@@ -6,7 +6,7 @@ positions (shards concatenated in docno order) the search may return or read. It
 here, once per search, from the index's field columns (``pipelines/fields.py``, memory-mapped
 per shard, evaluated with vectorized NumPy), and every mode receives the same one:
 
-* BM25 (``serving/masked.py``) never lets a disallowed document into its top k, and scores
+* BM25 (``serving/lexical/masked.py``) never lets a disallowed document into its top k, and scores
   the allowed ones exactly as unfiltered BM25 does (same floats, same tie-break): pre-
   filtering, so a selective filter never starves top-k.
 * Dense asks FAISS for allowed ids only (an ID selector inside the IVF scan).
@@ -36,7 +36,7 @@ type is a `SearchError` naming the field and its type (HTTP 400, an MCP tool err
 never a silently empty result. A filter has at most ``MAX_NODES`` conditions, ``MAX_DEPTH``
 levels and ``MAX_VALUES`` values in one list; as text (the CLI's ``--filter``) at most
 ``MAX_FILTER_CHARS`` characters, its JSON nesting measured before it is parsed
-(``serving/safejson.py``: Python's parser would raise RecursionError near 1,000 levels). A
+(``serving/frontends/safejson.py``: Python's parser would raise RecursionError near 1,000 levels). A
 number is one a float holds (an integer of 310 digits or more is refused, not an OverflowError).
 
 Access control: a document's ``acl`` lists the principals and groups that may read it; one
@@ -66,7 +66,7 @@ from funnel.pipelines.fields import (ACL_FIELD, DATE_MISSING, MAX_KEYWORD_CHARS,
                                      shard_dir)
 
 from .errors import SearchError
-from .safejson import nesting_depth
+from .frontends.safejson import nesting_depth
 
 MAX_NODES = 256
 MAX_DEPTH = 8

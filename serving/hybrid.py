@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .fusion import BLEND_TIERS, RRF_K, TOP_RANK_BONUS, convex, position_blend, rrf
-from .lexical import Scored, explainer
+from .lexical.retriever import Scored, explainer
 
 log = logging.getLogger(__name__)
 

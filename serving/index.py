@@ -31,11 +31,11 @@ from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFo
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
 from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
-from funnel.serving.packed import PackedShard, PostingsCache, cache_budget, load_postings, own_copy, shared_tf_dtype
+from funnel.serving.lexical.packed import PackedShard, PostingsCache, cache_budget, load_postings, own_copy, shared_tf_dtype
 from funnel.pipelines.shard import shard_name
 from funnel.pipelines.stats import Vocabulary, read_terms
 
-from .bm25 import ShardScorer, idf_lucene
+from .lexical.bm25 import ShardScorer, idf_lucene
 from .errors import IndexDamaged
 from .result import split_docno
 from .structure import check_doc_ids, check_shard
@@ -543,7 +543,7 @@ class IndexVersion:
     or ``none`` a flipped byte in a postings array goes unseen until it changes or breaks
     results; with ``cached``, a flip that leaves the file's stat as it was (the disk's own
     decay, not a write) goes unseen until ``funnel verify`` (``full``) or a server's
-    background scrub (``serving.scrub``) hashes it again. Whatever the mode, every open
+    background scrub (``serving.frontends.scrub``) hashes it again. Whatever the mode, every open
     checks the invariants the compiled kernels index by (``serving.structure``: ids
     within their arrays, offsets in order), so no file's content makes a kernel read
     outside an array; a violation is an IndexFormatError naming the file.
@@ -628,7 +628,7 @@ class IndexVersion:
             packed = None
             if self._load_postings and "docs" in arrays:
                 arrays, impacts = _in_memory(arrays, impacts)
-            if "docs" not in arrays:  # packed postings: decoded on demand (serving.packed)
+            if "docs" not in arrays:  # packed postings: decoded on demand (serving.lexical.packed)
                 packed = PackedShard(os.path.join(self.dir, rel), np.asarray(arrays["indptr"]),
                                      len(arrays["doclen"]), rel, tf_dtype, load=self._load_postings)
                 # Every reader of this shard's term ranges reads the packed shard's own copy,
@@ -637,7 +637,7 @@ class IndexVersion:
                 arrays = {**arrays, "indptr": packed.indptr}
                 impacts = None  # none stored: decoded terms get theirs (BM25Retriever._keep_levels)
             self.shards.append(ShardScorer(arrays, self.avgdl, blocks, impacts, rel=rel, packed=packed))
-        # The decoded terms of packed shards, bounded (serving.packed); None: no shard is packed.
+        # The decoded terms of packed shards, bounded (serving.lexical.packed); None: no shard is packed.
         self.postings_cache = (PostingsCache(self.shards, self._cache_budget)
                                if any(sh.packed is not None for sh in self.shards) else None)
 
@@ -733,7 +733,7 @@ class VersionFollower(Generic[T]):
     tries a failed version again when CURRENT or its manifest changes, or after ``retry_s``
     seconds (so a broken version is not re-hashed on every request).
 
-    ``quarantine(version_dir, file, reason)`` (the background scrub, ``serving.scrub``,
+    ``quarantine(version_dir, file, reason)`` (the background scrub, ``serving.frontends.scrub``,
     found a file that no longer matches its checksum, or a query found one holding an
     impossible value: ``IndexVersion.damaged``, which each opened version reports to its
     follower through ``on_damage``) stops serving that version at once:
@@ -762,7 +762,7 @@ class VersionFollower(Generic[T]):
         self._damaged: dict[str, tuple[dict, tuple | None]] = {}
         self.closed = False
         #: Called with each version `refresh` (or a fallback) opened, before it serves: a
-        #: server's warm-up (``serving.warmup.follow``). What it raises is logged; the version
+        #: server's warm-up (``serving.frontends.warmup.follow``). What it raises is logged; the version
         #: serves anyway. ``warmed``: version name -> seconds its warm-up took.
         self.prepare: Callable[[T], object] | None = None
         self.warmed: dict[str, float] = {}

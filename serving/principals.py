@@ -11,7 +11,7 @@
 (``printf %s TOKEN | sha256sum`` gives the key), so the file holds no token itself. It is
 read again when its modification time or size changes, at most once a second, without a
 restart: a removed line stops authenticating at once; a file that no longer parses (or
-nests deeper than ``MAX_DEPTH`` levels, measured before parsing: ``serving/safejson.py``)
+nests deeper than ``MAX_DEPTH`` levels, measured before parsing: ``serving/frontends/safejson.py``)
 keeps the last good mapping and logs why, and at start is refused with a ValueError. The single ``--token`` authenticates an administrator,
 who sees every document. A request is searched as its principal: it sees a document that is
 public or whose ``acl`` names the principal or one of its groups (``serving/filters.py``).
@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .safejson import check_depth
+from .frontends.safejson import check_depth
 
 log = logging.getLogger(__name__)
 

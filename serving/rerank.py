@@ -3,7 +3,7 @@
 The funnel (DESIGN.md "Hybrid retrieval", step 4): the top 30-40 fused candidates go to
 ``RerankProvider.rerank(query, documents, top_n) -> [(index, score), ...]``, best first,
 where ``index`` points into ``documents``. Hybrid search hands each candidate's best
-passage (its citation: ``serving/citations.py``), not the whole document;
+passage (its citation: ``serving/answers/citations.py``), not the whole document;
 `best_chunk` finds the best window of a text that has no passages.
 
 * `CrossEncoderReranker` — a local sentence-transformers ``CrossEncoder``. No

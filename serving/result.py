@@ -41,7 +41,7 @@ class Citation(Record):
     ``start``/``end`` are character offsets into the document's text (``text[start:end]``
     is ``text``; ``get_document(doc_id, start, end)`` fetches around it); ``line_start`` /
     ``line_end`` are its 1-based lines. ``ordinal`` is the passage's number in the
-    document. Passages are ranked as passages (``serving.passage_rank``); ``via`` names the
+    document. Passages are ranked as passages (``serving.answers.passage_rank``); ``via`` names the
     signals that ranked this one: ``dense`` (its cosine to the query), ``bm25`` (its BM25 in
     the passage index of ``funnel build --bm25-passages``), ``terms`` (BM25 of the query
     terms over its text), or two fused, ``dense+bm25`` / ``dense+terms``. ``score`` is the
@@ -99,7 +99,7 @@ class Hit(Record):
 class SearchResult(Record):
     """One search's answer: ``summary`` (the text an agent reads), ``hits`` best first,
     ``trace`` (parameters, timings); ``total`` (``{"value", "relation"}``: how many documents
-    match, ``relation`` "eq" or, for a lower bound, "gte"; ``serving.paging``) and
+    match, ``relation`` "eq" or, for a lower bound, "gte"; ``serving.answers.paging``) and
     ``offset`` (hits skipped before the first one here)."""
 
     query: str
@@ -126,7 +126,7 @@ def split_docno(n: int) -> tuple[int, int]:
 
 def summarize(query: str, mode: str, hits: list[Hit] | tuple[Hit, ...], note: str = "") -> str:
     """One line per hit with why it matched: the summary of a search without explanations
-    (``explain=False``); a search with them quotes the evidence (``serving.summary``)."""
+    (``explain=False``); a search with them quotes the evidence (``serving.answers.summary``)."""
     if not hits:
         msg = f"No documents found for {query!r} ({mode})."
         return f"{msg} {note}".strip()

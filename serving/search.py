@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import regex
 
-from . import bounds, filters
-from .bm25 import BM25Params
-from .bounds import bound_result
+from .answers import bounds
+from . import filters
+from .lexical.bm25 import BM25Params
+from .answers.bounds import bound_result
 from .errors import ModeUnavailable, SearchError  # re-exported: their home is errors.py
 from .index import IndexVersion, VersionFollower
-from .lexical import BM25Retriever, Scored, explainer
+from .lexical.retriever import BM25Retriever, Scored, explainer
 from .options import check_option_values
 from .result import Hit, SearchResult, summarize
 
@@ -52,7 +53,7 @@ MAX_PASSAGES_PER_HIT = 10
 
 def _check_summary_args(budget: Any, passages_per_hit: Any) -> tuple[int, int]:
     """``budget`` (tokens of the summary) and ``passages_per_hit``, defaulted and bounded."""
-    from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+    from .answers.summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
     if budget is None:
         budget = DEFAULT_BUDGET
     elif isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
@@ -163,7 +164,7 @@ class Searcher:
     def search(self, query: str, *args, **kwargs) -> SearchResult:
         """`VersionSearcher.search` on the current version, its answer within
         ``bounds.MAX_ANSWER_CHARS`` characters of document text whatever the corpus holds
-        (``serving.bounds``: titles, snippets, passages, fields and context; what was cut is
+        (``serving.answers.bounds``: titles, snippets, passages, fields and context; what was cut is
         listed in ``trace["bounds"]``). Every front end searches through here."""
         return bound_result(self._current.search(query, *args, **kwargs))
 
@@ -192,7 +193,7 @@ class Searcher:
 
     @property
     def follower(self) -> VersionFollower:
-        """What keeps this searcher on CURRENT; the background scrub (``serving.scrub``)
+        """What keeps this searcher on CURRENT; the background scrub (``serving.frontends.scrub``)
         reports damaged versions to it."""
         return self._follow
 
@@ -209,7 +210,7 @@ class VersionSearcher:
         self.bm25 = BM25Retriever(ix)
         self.dense_mode = DenseMode(ix, embedder)
         if ix.manifest.get("bm25_passages"):  # built with --bm25-passages: BM25 is MaxP over passages
-            from .passage_bm25 import PassageBM25
+            from .lexical.passage_bm25 import PassageBM25
             dm = self.dense_mode
             self.bm25 = PassageBM25(ix, ix.manifest["bm25_passages"], spans_of=lambda n: dm.passages().spans_of(n))
         hy = dict(ix.manifest.get("hybrid") or {})
@@ -309,15 +310,15 @@ class VersionSearcher:
         before ranking; ``principal`` (``serving.principals.Principal``) runs it as that
         caller: only documents its ACL lets it read. None for both: every document.
 
-        ``summary`` is the text an agent reads (``serving.summary``): the hits with their best
+        ``summary`` is the text an agent reads (``serving.answers.summary``): the hits with their best
         passages quoted, at most ``budget`` tokens (default ``summary.DEFAULT_BUDGET``).
         Each hit cites its best passage (``passage``) and carries up to ``passages_per_hit``
-        (default 1) ranked passages (``passages``), scored by ``serving.passage_rank``. With
+        (default 1) ranked passages (``passages``), scored by ``serving.answers.passage_rank``. With
         ``explain=False`` there are no citations, and the summary lists the hits only.
 
         ``offset`` skips that many hits (the hits ranked ``offset + 1`` .. ``offset + k``;
         ``offset + k`` at most `MAX_K`), and ``total`` counts the matches
-        (``serving.paging``). ``fields`` (names, or ``"*"``) adds each hit's stored fields
+        (``serving.answers.paging``). ``fields`` (names, or ``"*"``) adds each hit's stored fields
         (``serving.documents``); a citation of a document with pages (a PDF) names them."""
         budget, passages_per_hit = _check_summary_args(budget, passages_per_hit)
         page = self._page(k, offset, fields, principal)
@@ -334,9 +335,10 @@ class VersionSearcher:
         return self._search(query, mode, k, explain, budget, passages_per_hit, options, None, page)
 
     def _page(self, k: Any, offset: Any, fields: Any, principal: Any) -> tuple[int, tuple | None, bool]:
-        """(offset, fields, restricted) of a search, checked before it runs (``serving.paging``,
+        """(offset, fields, restricted) of a search, checked before it runs (``serving.answers.paging``,
         ``serving.documents``)."""
-        from . import documents, paging
+        from . import documents
+        from .answers import paging
         whole_k = k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 1  # _check judges k itself
         restricted = principal is not None and not principal.admin
         return (paging.check_offset(offset, whole_k, MAX_K),
@@ -356,7 +358,8 @@ class VersionSearcher:
 
     def _search(self, query: str, mode: str, k: int, explain: bool, budget: int, passages_per_hit: int,
                 options: dict, scope: dict | None, page: tuple = (0, None, False)) -> SearchResult:
-        from . import documents, paging
+        from . import documents
+        from .answers import paging
         offset, wanted, restricted = page
         query = self._check(query, mode, k)
         options = self._check_options(mode, options)
@@ -376,13 +379,13 @@ class VersionSearcher:
             note = _empty_scope_note(scope, note, bool(self.bm25.query_terms(query)) or mode == "dense")
         t = time.perf_counter()
         if explain:
-            from .summary import evidence_summary
+            from .answers.summary import evidence_summary
             summary = evidence_summary(query, mode, hits, texts, ranking, budget, note)
         else:
             summary = summarize(query, mode, hits, note)
         timings["summary"] = round((time.perf_counter() - t) * 1000, 3)
         if explain:
-            from .context import approx_tokens
+            from .answers.context import approx_tokens
             trace["summary"] = {"budget": budget, "tokens": approx_tokens(summary),
                                 **({"passage_signals": list(ranking.signals), "fusion": ranking.fusion}
                                    if ranking is not None else {})}
@@ -543,7 +546,7 @@ class VersionSearcher:
               passages_per_hit: int = 1):
         """(hits, the passage ranking or None, docno -> text). With ``explain``, each hit cites
         its best passage and carries its ``passages_per_hit`` best (``passage_rank``)."""
-        from .citations import make_citation
+        from .answers.citations import make_citation
         docs = [self.index.docs.get(s.docno) for s in scored]
         texts = {s.docno: d["text"] or "" for s, d in zip(scored, docs)}
         ranking = self.rank_passages(query, mode, trace, [(s.docno, r, d) for r, (s, d) in
@@ -591,7 +594,7 @@ class VersionSearcher:
         """The passages of ``docs`` (``(docno, rank, stored document)``) scored by both signals
         and fused (``passage_rank.rank_passages``). The dense signal is used where the search
         embedded the query (dense, hybrid, SIRA with the dense proposer)."""
-        from .passage_rank import rank_passages
+        from .answers.passage_rank import rank_passages
         qvec = None
         embedded = mode in ("dense", "hybrid") or (mode == "sira" and "dense" in (trace.get("sira") or {}).get(
             "sources", ()))
@@ -603,7 +606,7 @@ class VersionSearcher:
         """``(m, 2)`` character spans of a document's passages: the index's own (what was
         embedded) where it stores them, else the query-time split of ``window`` tokens
         (``citations.default_spans``)."""
-        from .citations import DEFAULT_WINDOW, default_spans
+        from .answers.citations import DEFAULT_WINDOW, default_spans
         stored = self.dense_mode.passages()
         return stored.spans_of(docno) if stored is not None else default_spans(text, window or DEFAULT_WINDOW)
 
@@ -612,7 +615,7 @@ class VersionSearcher:
         """A hit's best passage (``citations``): ``dense`` (``DenseIndex.best_passage``, or
         ``PassageBM25.best_passage`` with ``via`` "bm25") when a list found it, else the
         passage with the most of ``terms``."""
-        from .citations import lexical_best, make_citation
+        from .answers.citations import lexical_best, make_citation
         text = doc["text"] or ""
         if dense is not None:
             return make_citation(text, dense["start"], dense["end"], dense["ordinal"], dense.get("via", "dense"),
@@ -628,7 +631,7 @@ class VersionSearcher:
         """The hits' passages taken by priority across documents (``passage_rank``: several of
         one document where they rank so), merged where they overlap, fitted to ``budget``
         tokens, U-shaped (context.py)."""
-        from .context import Passage, pack_ranked
+        from .answers.context import Passage, pack_ranked
         if ranking is None:  # a search without explanations: rank them now
             ranking = self.rank_passages(query, mode, trace, [(h.docno, h.rank, {"text": texts[h.docno]})
                                                               for h in hits]) if hits else None
@@ -660,7 +663,7 @@ class VersionSearcher:
         t = time.perf_counter()
         terms = self.bm25.query_terms(query)
         scored = self.bm25.search_weighted(dict(terms), k, params)
-        passages = getattr(self.bm25, "best_passage", None)  # --bm25-passages (serving.passage_bm25)
+        passages = getattr(self.bm25, "best_passage", None)  # --bm25-passages (serving.lexical.passage_bm25)
         trace = {"bm25": {"k1": params.k1, "b": params.b, "length_norm": params.length_norm,
                           "query_terms": dict(terms), **({"scoring": "best passage (MaxP)"} if passages else {})},
                  "timings_ms": {"bm25": round((time.perf_counter() - t) * 1000, 3)}}
@@ -773,7 +776,7 @@ class VersionSearcher:
         As a ``principal`` that is not an administrator, df and cf count only the documents it
         may read, ``n_docs`` is how many those are, and idf (from the global df) is left out:
         a hidden document's words are not revealed through a term's statistics."""
-        from .bm25 import idf_lucene
+        from .lexical.bm25 import idf_lucene
         ix = self.index
         out = []
         if principal is not None and not principal.admin:

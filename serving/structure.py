@@ -168,8 +168,8 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
         _ascending_within(version_dir, rel("docs"), docs, indptr)
         _in_range(version_dir, rel("tfs"), tfs, 1, None, "term frequency")
         n_postings = len(docs)
-    else:  # packed postings (serving/packed.py): the block table here, each block as it is decoded
-        from .packed import PACKED_KEY, check_packed
+    else:  # packed postings (serving/lexical/packed.py): the block table here, each block as it is decoded
+        from .lexical.packed import PACKED_KEY, check_packed
         shard_dir = os.path.join(version_dir, shard_rel)
         try:
             with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:

@@ -56,7 +56,7 @@ def beir_index(ray_session, tmp_path_factory):
     built: dict[tuple[str, bool], str] = {}
 
     def get(name: str, dense: bool = False) -> str:
-        from funnel.serving.cli import ensure_index
+        from funnel.serving.frontends.cli import ensure_index
         key = (name, dense)
         if key not in built:
             ddir = need_shared("beir", name)

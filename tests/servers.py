@@ -1,5 +1,5 @@
 """Helpers the server tests share: a free port on 127.0.0.1 and an app under a real uvicorn,
-configured as ``funnel serve`` configures it (``serving.connections``)."""
+configured as ``funnel serve`` configures it (``serving.frontends.connections``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def live_server(app, limits=None):
     port and stops the server on exit."""
     import uvicorn
 
-    from funnel.serving.connections import uvicorn_config
+    from funnel.serving.frontends.connections import uvicorn_config
     port = free_port()
     server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, limits))
     t = threading.Thread(target=server.run, daemon=True)

@@ -102,7 +102,7 @@ def test_the_chunk_cache_stays_within_its_bound(monkeypatch):
     """Distinct chunks past ``CHUNK_CACHE_ENTRIES`` clear the cache instead of growing the
     process (a stream of distinct chunks was held to 1M, ~550 MiB), and every text's terms
     are still the analyzer's."""
-    from funnel.serving import lexical
+    from funnel.serving.lexical import retriever as lexical
     monkeypatch.setattr(lexical, "CHUNK_CACHE_ENTRIES", 8)
     r, _ = _retriever(1)
     a = Analyzer()

@@ -10,7 +10,7 @@ that .ci/run checks next reuses them; document embeddings are cached by content 
 
 import pytest
 
-from funnel.serving.cli import ensure_index
+from funnel.serving.frontends.cli import ensure_index
 from funnel.evaluation.evaluate import eval_dataset
 from funnel.serving.search import open_index
 

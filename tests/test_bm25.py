@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from funnel.serving.bm25 import (BM25Params, ShardScorer, byte4_to_int, idf_lucene, int_to_byte4,
+from funnel.serving.lexical.bm25 import (BM25Params, ShardScorer, byte4_to_int, idf_lucene, int_to_byte4,
                                  lucene_lengths, norm_bytes)
 from funnel.pipelines.postings import build_postings
 

@@ -16,9 +16,10 @@ from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
 from funnel.pipelines.artifacts import IndexFormatError
 from funnel.pipelines.postings import IMPACT_FILE, IMPACT_KEY_FILE, load_impacts
 from funnel.pipelines.shard import shard_name
-from funnel.serving import kernels, lexical
-from funnel.serving.bm25 import BM25Params
-from funnel.serving.lexical import _DEFAULT, default_impacts, impacts_key
+from funnel.serving import kernels
+from funnel.serving.lexical import retriever as lexical
+from funnel.serving.lexical.bm25 import BM25Params
+from funnel.serving.lexical.retriever import _DEFAULT, default_impacts, impacts_key
 from funnel.serving.search import open_index
 
 needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: only the NumPy path runs")

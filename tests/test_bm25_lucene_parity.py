@@ -33,7 +33,7 @@ def test_top10_equals_lucene_on_every_query(ds, path, beir_index, monkeypatch):
     if path == "kernel-pruned":
         ix.bm25.prune_min_postings = 0
     if path == "kernel-impacts":  # what a large index does, on this small one
-        from funnel.serving import lexical
+        from funnel.serving.lexical import retriever as lexical
         monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)
         want = lexical.impacts_key(ix.index.avgdl)
         for s in ix.index.shards:  # an index cached before impacts.npy (or its levels): the build's values

@@ -26,9 +26,9 @@ from funnel.jobs.reindex import reindex
 from funnel.pipelines.analysis import Analyzer
 from funnel.pipelines.artifacts import IndexFormatError, read_current, verify_version
 from funnel.pipelines.passages import PassageSettings, read_passages
-from funnel.serving.bm25 import byte4_to_int, int_to_byte4
-from funnel.serving.lexical import BM25Retriever
-from funnel.serving.passage_bm25 import PassageBM25
+from funnel.serving.lexical.bm25 import byte4_to_int, int_to_byte4
+from funnel.serving.lexical.retriever import BM25Retriever
+from funnel.serving.lexical.passage_bm25 import PassageBM25
 from funnel.serving.principals import principal
 from funnel.serving.search import open_index
 

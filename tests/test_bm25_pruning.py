@@ -12,8 +12,8 @@ import pytest
 
 from funnel.pipelines.postings import build_postings, term_bounds
 from funnel.serving import kernels
-from funnel.serving.bm25 import BM25Params, ShardScorer, idf_lucene, lucene_lengths
-from funnel.serving.lexical import BM25Retriever
+from funnel.serving.lexical.bm25 import BM25Params, ShardScorer, idf_lucene, lucene_lengths
+from funnel.serving.lexical.retriever import BM25Retriever
 
 needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: only the NumPy path runs")
 
@@ -345,7 +345,7 @@ def test_per_posting_impacts_give_the_grids_answers(monkeypatch, params):
     the same documents, score bits and tie order, per query and in a batch, per-query (k1, b)
     and exact lengths included; only the default and the latest override stay cached."""
     from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-    from funnel.serving import lexical
+    from funnel.serving.lexical import retriever as lexical
     docs, ids, words = _corpus(seed=23)
     cached, grid = _index(docs, ids, shards=3), _index(docs, ids, shards=3)
     for r in (cached, grid):

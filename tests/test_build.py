@@ -86,7 +86,7 @@ def test_scores_equal_brute_force_reference(demo_corpus, demo_index_4):
     import math
     from collections import Counter
     from funnel.pipelines.analysis import Analyzer
-    from funnel.serving.bm25 import lucene_lengths
+    from funnel.serving.lexical.bm25 import lucene_lengths
     a = Analyzer()
     docs = [json.loads(l) for l in open(demo_corpus)]
     toks = [Counter(a.analyze(d["title"] + "\n" + d["text"])) for d in docs]

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from funnel.pipelines.progress import ProgressLog, Status, format_duration, status_line
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 from funnel.serving.search import open_index
 
 N_DOCS = 60
@@ -71,7 +71,7 @@ def built(demo_corpus, tmp_path_factory):
             g.write(line)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["FUNNEL_CACHE"] = str(d / "cache")  # embed for real, not from a warm cache
-    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "build", "--corpus", str(corpus),
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", "build", "--corpus", str(corpus),
                         "--out", str(d / "ix"), "--shards", "2", "--engine", "ray", "--dense",
                         "--progress-seconds", "1"],
                        env=env, capture_output=True, text=True, timeout=900)
@@ -165,7 +165,7 @@ def test_ray_reindex_stops_its_local_ray_before_the_faiss_stage(built, demo_corp
     b.write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["FUNNEL_CACHE"] = str(tmp_path / "cache")
-    r = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "reindex", "--index", root, "--corpus", str(b),
+    r = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", "reindex", "--index", root, "--corpus", str(b),
                         "--executor", "ray"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ray: stopped the local Ray this reindex started" in r.stderr

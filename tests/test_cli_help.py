@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from funnel.serving.cli import build_parser, main
+from funnel.serving.frontends.cli import build_parser, main
 
 COMMANDS = ("build", "search", "get", "list", "eval", "compare", "demo", "verify", "serve", "mcp", "gc", "reindex")
 
@@ -49,7 +49,7 @@ def test_every_option_states_its_default(command, capsys):
 
 def test_choices_come_from_the_registries(demo_index_1, capsys):
     from funnel.evaluation.evaluate import REMOVE_QUERY_CHOICES
-    from funnel.serving.bm25 import LENGTH_NORMS
+    from funnel.serving.lexical.bm25 import LENGTH_NORMS
     from funnel.serving.hybrid import FUSIONS, HybridConfig
     from funnel.serving.search import open_index
     modes = list(open_index(demo_index_1).modes())
@@ -94,7 +94,7 @@ def test_usage_errors_exit_2_without_a_traceback(capsys):
 
 
 def test_start_up_imports_nothing_heavy():
-    code = ("import sys, json; from funnel.serving.cli import build_parser; build_parser(); "
+    code = ("import sys, json; from funnel.serving.frontends.cli import build_parser; build_parser(); "
             "print(json.dumps(sorted(m for m in ('ray', 'pyarrow', 'duckdb', 'torch', 'faiss', 'fastapi', "
             "'sentence_transformers', 'funnel.serving.search', 'funnel.serving.hybrid') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 
 from conftest import write_jsonl
 
@@ -111,7 +111,7 @@ def test_output_into_a_closed_pipe_ends_quietly(demo_index_1):
     """`funnel search ... | head -1`: the reader closes the pipe early; no traceback."""
     import subprocess
     import sys as _sys
-    cmd = (f"{_sys.executable} -m funnel.serving.cli search {demo_index_1} 'parse command line arguments' "
+    cmd = (f"{_sys.executable} -m funnel.serving.frontends.cli search {demo_index_1} 'parse command line arguments' "
            "--k 50 | head -1")
     p = subprocess.run(["bash", "-c", cmd + "; echo \"rc=${PIPESTATUS[0]}\" >&2"], capture_output=True,
                        text=True, timeout=120)
@@ -124,7 +124,7 @@ def test_a_search_process_does_not_import_pandas(demo_index_1):
     never needs it (pyarrow's ``to_numpy`` and ``pq.read_table`` pulled it in)."""
     import subprocess
     import sys as _sys
-    code = ("import sys; from funnel.serving.cli import main; "
+    code = ("import sys; from funnel.serving.frontends.cli import main; "
             f"rc = main(['search', {demo_index_1!r}, {QUERY!r}, '--k', '3']); "
             "print('PANDAS', 'pandas' in sys.modules, rc)")
     p = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -142,7 +142,7 @@ def test_one_query_takes_the_numpy_path_and_answers_as_the_kernels_do(demo_index
     import sys as _sys
     from funnel.serving import kernels
     from funnel.serving.search import open_index
-    code = ("import json, sys; from funnel.serving.cli import main; "
+    code = ("import json, sys; from funnel.serving.frontends.cli import main; "
             f"rc = main(['search', {demo_index_1!r}, {QUERY!r}, '--k', '5', '--json', *{flags!r}]); "
             "k = sys.modules.get('funnel.serving.kernels'); "
             "used = sorted(n for n in dir(k) if getattr(getattr(k, n), 'signatures', None)) if k and k.HAVE_NUMBA else []; "

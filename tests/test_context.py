@@ -4,7 +4,7 @@ overlapping/adjacent chunks, duplicate removal, truncation at a sentence boundar
 from __future__ import annotations
 
 import pytest
-from funnel.serving.context import (
+from funnel.serving.answers.context import (
     Passage,
     approx_tokens,
     merge_passages,

@@ -104,7 +104,7 @@ def test_an_oversized_field_or_row_is_one_reject_in_jsonl_and_parquet(engine, tm
 
 
 def test_the_limits_are_cli_flags_and_are_checked(tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     rows = [dict(r) for r in GOOD]
     rows[0]["text"] = "x" * 3000
     corpus = write_jsonl(tmp_path / "c.jsonl", rows)
@@ -191,7 +191,7 @@ def test_an_empty_corpus_says_it_has_no_rows(engine, tmp_path, content):
 
 
 def test_a_parquet_file_with_the_wrong_schema_names_the_columns(tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     pq.write_table(pa.table({"doc": ["a", "b"], "body": ["x", "y"]}), tmp_path / "w.parquet")
     with pytest.raises(CorpusError) as e:
         build(str(tmp_path / "w.parquet"), str(tmp_path / "ix"), engine="local")

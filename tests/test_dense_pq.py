@@ -180,7 +180,7 @@ def test_a_bad_budget_is_refused_with_the_fix(value, message, tmp_path):
 
 
 def test_the_cli_refuses_a_bad_budget(tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     rc = main(["build", "--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"), "--dense",
                "--dense-memory-budget", "4 gigs"])
     assert rc != 0 and "dense memory budget '4 gigs' is not a size" in capsys.readouterr().err
@@ -267,7 +267,7 @@ def test_damage_to_the_rescored_vectors_is_caught(pq_build, tmp_path):
 
 
 def test_the_scrub_finds_a_flip_in_the_vectors(pq_build, tmp_path):
-    from funnel.serving.scrub import Scrubber
+    from funnel.serving.frontends.scrub import Scrubber
     from funnel.serving.search import Searcher
     from test_scrub import rot, trust_as_hashed
     root = str(tmp_path / "ix")

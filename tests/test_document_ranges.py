@@ -23,9 +23,9 @@ import anyio
 import httpx
 import pytest
 
-from funnel.serving.citations import MAX_RANGE_CHARS
-from funnel.serving.http import MAX_OFFSET, create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.answers.citations import MAX_RANGE_CHARS
+from funnel.serving.frontends.http import MAX_OFFSET, create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.principals import TokenFile, token_digest
 from funnel.serving.search import MAX_DOCUMENT_IDS, open_index
 from servers import free_port, live_server
@@ -128,7 +128,7 @@ def test_without_a_range_the_answer_is_as_before_and_bounded(http, corpus, searc
     assert short == searcher.get_document("pub-2")
     assert short["text"] == texts["pub-2"] and not short["truncated"] and short["next_start"] is None
     whole = http.get("/documents/long-0", headers=ADMIN).json()
-    page = MAX_RANGE_CHARS - len(whole["title"])  # the title counts in the answer's bound (serving.bounds)
+    page = MAX_RANGE_CHARS - len(whole["title"])  # the title counts in the answer's bound (serving.answers.bounds)
     assert whole["text"] == texts["long-0"][:page]
     assert whole["truncated"] and whole["next_start"] == page and whole["length"] == len(texts["long-0"])
 

@@ -26,12 +26,12 @@ TOKEN = "e2e-token"
 
 @contextlib.contextmanager
 def funnel_process(*args: str):
-    """Run ``python -m funnel.serving.cli ARGS``; always stopped (TERM, then KILL) on exit.
+    """Run ``python -m funnel.serving.frontends.cli ARGS``; always stopped (TERM, then KILL) on exit.
 
     Yields the Popen and a function returning the process's output so far.
     """
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.frontends.cli", *args],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def output() -> str:

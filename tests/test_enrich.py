@@ -302,7 +302,7 @@ def test_a_rebuild_asks_only_about_the_failed_documents(built, server):
 
 
 def test_enrich_report_cli(built, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     assert main(["enrich-report", built["enriched"], "--examples", "2"]) == 0
     out = capsys.readouterr().out
     assert "failed (left unenriched)" in out and "most frequent injected phrases" in out
@@ -315,7 +315,7 @@ def test_enrich_report_cli(built, capsys):
 
 
 def test_build_cli_flags(server, tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     corpus = write_jsonl(tmp_path / "c.jsonl", corpus_rows()[:3])
     assert main(["build", "--corpus", corpus, "--out", str(tmp_path / "ix"), "--engine", "local", "--enrich",
                  "--llm-base-url", server.base_url, "--llm-model", "scripted", "--enrich-tau", "0.5",

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 
 from conftest import write_jsonl
 
@@ -87,7 +87,7 @@ def test_search_cli_prints_each_hit_once_with_its_snippet(tiny, capsys):
 
 
 def test_eval_remove_query_choices(tiny, capsys):
-    from funnel.serving.cli import build_parser
+    from funnel.serving.frontends.cli import build_parser
     p = build_parser()
     assert p.parse_args(["eval", "--dataset", "x"]).remove_query == "auto"
     assert p.parse_args(["eval", "--dataset", "x", "--remove-query", "on"]).remove_query == "on"

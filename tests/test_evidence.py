@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from fields_corpus import FINANCE, TEAM, acl_dense_index
 from funnel.jobs.build_index import build
-from funnel.serving.context import approx_tokens
+from funnel.serving.answers.context import approx_tokens
 from funnel.serving.errors import SearchError
-from funnel.serving.passage_rank import DocPassages, PassageRanking, fuse
+from funnel.serving.answers.passage_rank import DocPassages, PassageRanking, fuse
 from funnel.serving.principals import principal
 from funnel.serving.result import Citation, Hit
 from funnel.serving.search import open_index
-from funnel.serving.summary import DEFAULT_BUDGET, evidence_summary
+from funnel.serving.answers.summary import DEFAULT_BUDGET, evidence_summary
 
 ALICE = principal("alice", ["eng"])
 BOB = principal("bob", ["sales"])
@@ -98,7 +98,7 @@ def test_a_range_ending_on_a_page_break_stays_on_its_page():
     """The text's pages are the citation's (documents.page_span): a range whose last
     characters are a page break and white space ends on the page before the break."""
     from funnel.serving.documents import page_span
-    from funnel.serving.summary import where
+    from funnel.serving.answers.summary import where
     text = "alpha beta.\n\f\ngamma delta.\n\f\nepsilon"
     a, b = 0, text.index("gamma")  # page 1's text, the form feed and nothing of page 2
     assert where(text, a, b).split(", ")[1] == "page 1" and page_span({}, text, a, b) is None
@@ -264,7 +264,7 @@ def test_term_positions_find_every_word_that_analyzes_to_a_query_term(words, que
     """Only words holding a term's first letters are analyzed: the same positions as analyzing
     every word (the Lucene analyzer's own output is the oracle)."""
     from funnel.pipelines.analysis import Analyzer
-    from funnel.serving.passage_rank import term_positions
+    from funnel.serving.answers.passage_rank import term_positions
     analyze = Analyzer().analyze
     text = " ".join(words)
     terms = {t: 1.0 for w in query for t in analyze(w)}
@@ -282,7 +282,7 @@ def test_units_are_the_sentences_and_lines_the_plain_patterns_find(text, data):
     """A quote's units (`passage_rank.units`) are found with one character-class-led pattern
     and trimmed without copies: the same (start, end, paragraph) as cutting at every match of
     the plain sentence-end and line-break patterns and stripping each piece."""
-    from funnel.serving.passage_rank import units
+    from funnel.serving.answers.passage_rank import units
     a = data.draw(st.integers(0, len(text)))
     b = data.draw(st.integers(a, len(text)))
     piece = text[a:b]

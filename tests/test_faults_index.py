@@ -73,7 +73,7 @@ def test_edited_manifest_is_refused_and_funnel_verify_fails(root):
     for mode in ("sizes", "full"):
         with pytest.raises(IndexFormatError, match="manifest.json does not match its sha256"):
             IndexVersion(root, verify=mode)
-    r = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "verify", root], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", "verify", root], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "manifest.json does not match its sha256" in r.stderr, r.stderr
 

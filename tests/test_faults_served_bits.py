@@ -120,7 +120,7 @@ class Served:
         self.port = free_port()
         self.log = open(log_path, "w")
         env = dict(os.environ, RAY_AUTH_MODE="disabled")
-        self.proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", "serve", root, "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.frontends.cli", "serve", root, "--port",
                                       str(self.port), "--scrub-interval", "0"], stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
@@ -270,9 +270,10 @@ def _well_formed(dn, sc, k: int, sizes: list[int]) -> bool:
 def _paths(ix, k: int):
     """(name, run) of every BM25 path over ``ix``: each run answers QUERIES one way and
     returns (docnos, scores) per query."""
-    from funnel.serving import filters, lexical, masked
-    from funnel.serving.bm25 import BM25Params
-    from funnel.serving.lexical import BM25Retriever
+    from funnel.serving import filters
+    from funnel.serving.lexical import retriever as lexical, masked
+    from funnel.serving.lexical.bm25 import BM25Params
+    from funnel.serving.lexical.retriever import BM25Retriever
     from funnel.serving.search import VersionSearcher
 
     vs = VersionSearcher(ix)
@@ -478,9 +479,10 @@ TARGETED = [("docs.npy", -5, "pruned"), ("docs.npy", 2**31 - 1, "exhaustive"), (
 
 
 def _targeted_query(ix, how: str, k: int) -> None:
-    from funnel.serving import filters, lexical
-    from funnel.serving.bm25 import BM25Params
-    from funnel.serving.lexical import BM25Retriever
+    from funnel.serving import filters
+    from funnel.serving.lexical import retriever as lexical
+    from funnel.serving.lexical.bm25 import BM25Params
+    from funnel.serving.lexical.retriever import BM25Retriever
     from funnel.serving.search import VersionSearcher
     bm = BM25Retriever(ix)
     if how == "pruned":

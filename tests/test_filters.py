@@ -21,7 +21,7 @@ from fields_corpus import PUBLIC, SHARED, acl_dense_index, matches, random_filte
 from funnel.pipelines import fields as F
 from funnel.serving import filters
 from funnel.serving.errors import SearchError
-from funnel.serving.lexical import Scored
+from funnel.serving.lexical.retriever import Scored
 from funnel.serving.search import open_index
 
 WORDS = SHARED + PUBLIC
@@ -237,9 +237,9 @@ def test_faiss_selectors_admit_exactly_each_shards_allowed_documents(bm25):
     (True, "masked", 0), (True, "auto", -1), (False, "auto", None)])
 def test_filtered_bm25_equals_exhaustive_scoring_of_the_allowed_documents(bm25, kernels, strategy, prune_min,
                                                                           monkeypatch):
-    """Every path of ``serving/masked.py`` (the per-shard choice, each strategy forced; pruning
+    """Every path of ``serving/lexical/masked.py`` (the per-shard choice, each strategy forced; pruning
     as served, eager (0) and off (-1: no block maxima)) and the NumPy one."""
-    from funnel.serving import masked
+    from funnel.serving.lexical import masked
     rows, vs = bm25
     vs.bm25.kernels = kernels
     monkeypatch.setattr(masked, "STRATEGY", "blocks" if strategy == "masked" else strategy)
@@ -339,7 +339,7 @@ def live(bm25_corpus):
 
     import uvicorn
 
-    from funnel.serving.http import create_app
+    from funnel.serving.frontends.http import create_app
     _, root = bm25_corpus
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -377,7 +377,7 @@ def test_http_filter_and_its_errors_over_real_http(live, bm25):
 
 
 def test_cli_filter_for_one_query_and_a_batch(bm25_corpus, tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     rows, root = bm25_corpus
     flt = '{"cat": "runbook", "n": {"gte": 2000}}'
     assert main(["search", root, "river stone", "--filter", flt, "--json", "--k", "5"]) == 0

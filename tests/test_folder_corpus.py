@@ -252,7 +252,7 @@ def test_a_folder_changed_under_a_worker_fails_clearly(docs_folder):
 
 
 def test_build_from_the_cli_then_search(docs_folder, tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     root = str(tmp_path / "ix")
     assert main(["build", "--corpus", docs_folder, "--out", root, "--engine", "local"]) == 0
     out = capsys.readouterr().out

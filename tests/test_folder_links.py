@@ -62,7 +62,7 @@ def _ids(root: str) -> set:
 
 
 def test_links_out_of_the_folder_are_skipped_counted_and_rejected(tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     root, ix = _corpus(tmp_path), str(tmp_path / "ix")
     assert main(["build", "--corpus", str(root), "--out", ix, "--engine", "local"]) == 0
     out = capsys.readouterr().out

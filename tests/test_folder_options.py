@@ -40,7 +40,7 @@ def _ids(root: str) -> list:
 
 @pytest.mark.parametrize("name", ["notes.md", "manual.pdf", "page.html"])
 def test_a_single_document_file_is_a_corpus_of_one(tmp_path, capsys, name):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     body = {"notes.md": b"# Notes\n\nThe wombat sleeps by day.\n" + b"More lines.\n" * 50,
             "manual.pdf": make_pdf([["The wombat manual"], ["Page two."]]),
             "page.html": b"<html><head><title>Wombats</title></head><body><p>The wombat sleeps.</p></body></html>"}[name]
@@ -132,7 +132,7 @@ def _kb(root):
 
 
 def test_include_exclude_and_funnelignore_choose_the_files(tmp_path, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     kb, ix = _kb(tmp_path / "kb"), str(tmp_path / "ix")
     assert main(["build", "--corpus", kb, "--out", ix, "--engine", "local", "--exclude", "drafts/",
                  "--exclude", "docs/old/", "--include", "**/*.md", "--include", "notes/"]) == 0

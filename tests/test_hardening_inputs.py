@@ -31,9 +31,9 @@ import httpx
 import pytest
 from mcp import Client
 
-from funnel.serving.cli import main
-from funnel.serving.http import DEFAULT_BODY_TIMEOUT_S, create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.cli import main
+from funnel.serving.frontends.http import DEFAULT_BODY_TIMEOUT_S, create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.options import NUMBERS, check_option_values
 from funnel.serving.search import SearchError, open_index
 from servers import live_server
@@ -203,7 +203,7 @@ class StdioPeer:
 
     def __init__(self, *args: str):
         self.err = open(os.devnull, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", "mcp", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.frontends.cli", "mcp", *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err)
         self.buf = b""
 

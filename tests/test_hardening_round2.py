@@ -2,10 +2,10 @@
 
 - Slow clients: a connection that sends nothing, trickles its request head, or idles after a
   response is closed within the configured bound (it was held for ever), and connections
-  beyond ``--max-connections`` are refused with a 503 (``serving/connections.py``).
+  beyond ``--max-connections`` are refused with a 503 (``serving/frontends/connections.py``).
 - Answers are bounded: a huge title and a text with no token boundary never make a search,
   ``get_document`` or ``get_documents`` answer longer than 100,000 characters of document text
-  (``serving/bounds.py``).
+  (``serving/answers/bounds.py``).
 - A tokens file nested 10,000 deep is a malformed file like any other: refused at start (exit
   2, no traceback), the last good mapping kept while serving.
 - A huge integer or a deeply nested filter is a 400, a tool error or exit 2, never a 500 or
@@ -30,8 +30,8 @@ import httpx
 import pytest
 
 from fields_corpus import write_corpus
-from funnel.serving.connections import ConnectionLimits
-from funnel.serving.http import create_app
+from funnel.serving.frontends.connections import ConnectionLimits
+from funnel.serving.frontends.http import create_app
 from funnel.serving.search import open_index
 from servers import live_server
 from test_server_limits import funnel_process, run_cli, wait_listening, free_port
@@ -237,8 +237,8 @@ def mcp_call(port: int, token: str, tool: str, args: dict):
 
 
 def mcp_app(searcher, tokens=None):
-    from funnel.serving.http import allowed_hosts
-    from funnel.serving.mcp import mcp_http_app
+    from funnel.serving.frontends.http import allowed_hosts
+    from funnel.serving.frontends.mcp import mcp_http_app
     return mcp_http_app(searcher, "127.0.0.1", allowed_hosts("127.0.0.1"), tokens=tokens)
 
 
@@ -329,7 +329,7 @@ def test_mcp_refuses_huge_numbers_and_deep_filters_with_a_tool_error(searcher):
     import anyio
     from mcp import Client
 
-    from funnel.serving.mcp import build_mcp_server
+    from funnel.serving.frontends.mcp import build_mcp_server
 
     async def calls():
         with anyio.fail_after(300):
@@ -510,7 +510,7 @@ def hit_chars(result: dict) -> int:
 
 
 def check_bounded_search(result: dict) -> None:
-    from funnel.serving.bounds import MAX_ANSWER_CHARS
+    from funnel.serving.answers.bounds import MAX_ANSWER_CHARS
     assert result["hits"] and hit_chars(result) <= MAX_ANSWER_CHARS, hit_chars(result)
     by_id = {h["doc_id"]: h for h in result["hits"]}
     assert "huge-title" in by_id and "no-boundary" in by_id
@@ -548,7 +548,7 @@ def test_a_search_over_huge_titles_and_texts_stays_within_the_bound(huge_index):
 
 def test_fetching_a_document_with_a_huge_title_stays_within_the_bound(huge_index):
     """A one-character range of the document with a 2.4M-character title was 5.2 MB."""
-    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    from funnel.serving.answers.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
     with open_index(huge_index) as s:
         doc = s.get_document("huge-title", 0, 1)
         assert doc["text"] == "r" and len(doc["title"]) == MAX_TITLE_CHARS
@@ -575,7 +575,7 @@ def mcp_call_in_process(searcher, tool: str, args: dict):
     import anyio
     from mcp import Client
 
-    from funnel.serving.mcp import build_mcp_server
+    from funnel.serving.frontends.mcp import build_mcp_server
 
     async def main_():
         with anyio.fail_after(300):
@@ -585,7 +585,7 @@ def mcp_call_in_process(searcher, tool: str, args: dict):
 
 
 def test_a_listing_of_huge_titles_stays_within_the_bound(huge_index):
-    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    from funnel.serving.answers.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
     with open_index(huge_index) as s:
         got = s.list_documents(limit=1000)
         assert sum(len(d["title"]) for d in got["documents"]) <= MAX_ANSWER_CHARS
@@ -596,7 +596,7 @@ def test_a_listing_of_huge_titles_stays_within_the_bound(huge_index):
 
 def test_a_listing_ends_its_page_at_the_bound_and_goes_on_from_there(tmp_path):
     from funnel.jobs.build_index import build
-    from funnel.serving.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
+    from funnel.serving.answers.bounds import MAX_ANSWER_CHARS, MAX_TITLE_CHARS
     rows = [{"_id": f"t{i:03d}", "title": "long " * 400, "text": "river"} for i in range(150)]
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     build(str(tmp_path / "c.jsonl"), str(tmp_path / "ix"), engine="local")

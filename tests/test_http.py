@@ -1,4 +1,4 @@
-"""The HTTP API (serving/http.py) against the real 400-document demo index."""
+"""The HTTP API (serving/frontends/http.py) against the real 400-document demo index."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from funnel.serving.http import create_app
+from funnel.serving.frontends.http import create_app
 from funnel.serving.search import MAX_K, MAX_QUERY_CHARS, open_index
 from servers import live_server
 
@@ -239,7 +239,7 @@ def test_new_version_is_picked_up_without_restart(demo_index_1, tmp_path):
 def _serve(args: list[str], env_extra: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()):
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", "serve", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "funnel.serving.frontends.cli", "serve", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

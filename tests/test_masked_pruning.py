@@ -1,4 +1,4 @@
-"""Oracle for the pruned masked BM25 kernels (``serving/masked.py``, ``serving/kernels/masked.py``):
+"""Oracle for the pruned masked BM25 kernels (``serving/lexical/masked.py``, ``serving/kernels/masked.py``):
 the filtered top k must equal an exhaustive scoring of every document, filtered afterwards, in
 ids, scores (bit for bit) and tie order, across random masks of many selectivities, k values
 and queries, with every strategy forced in turn. The corpus is built by the real build job
@@ -12,8 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from funnel.serving import filters, kernels, masked
-from funnel.serving.bm25 import BM25Params
+from funnel.serving import filters, kernels
+from funnel.serving.lexical import masked
+from funnel.serving.lexical.bm25 import BM25Params
 from funnel.serving.search import open_index
 
 needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba absent: only the NumPy path runs")

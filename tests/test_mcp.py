@@ -1,6 +1,6 @@
-"""The MCP server (serving/mcp.py) through the real ``mcp`` client library.
+"""The MCP server (serving/frontends/mcp.py) through the real ``mcp`` client library.
 
-Most tests spawn ``python -m funnel.serving.cli mcp INDEX`` and talk to it over stdio, as
+Most tests spawn ``python -m funnel.serving.frontends.cli mcp INDEX`` and talk to it over stdio, as
 an agent would; a few connect in-process (``mcp.Client(server)``) to check edge cases fast.
 """
 
@@ -13,8 +13,8 @@ import anyio
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 
-from funnel.serving.http import MAX_TERM_CHARS, MAX_TERMS, term_stats
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.http import MAX_TERM_CHARS, MAX_TERMS, term_stats
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.search import open_index
 
 QUERY = "parse command line arguments"
@@ -24,7 +24,7 @@ TIMEOUT_S = 60
 def with_stdio_session(index_root: str, fn):
     """Run ``await fn(session)`` against a freshly spawned stdio server; bounded by TIMEOUT_S."""
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "funnel.serving.cli", "mcp", index_root])
+                                   args=["-m", "funnel.serving.frontends.cli", "mcp", index_root])
 
     async def main():
         with tempfile.TemporaryFile("w+") as errlog:
@@ -68,7 +68,7 @@ def test_stdio_list_tools_and_search(demo_index_1, searcher):
     assert {"budget", "passages_per_hit"} <= set(schema["properties"])
     # The modes offered are the ones this index serves (as /health lists them): no vectors here,
     # so neither dense nor hybrid; without a mode, the index's default (bm25 here).
-    from funnel.serving.http import servable_modes
+    from funnel.serving.frontends.http import servable_modes
     described = schema["properties"]["mode"]["description"]
     assert described.endswith("(default: hybrid where the index has vectors, else bm25)")
     offered = described.removeprefix("retrieval mode: ").split(" (default")[0].split(", ")
@@ -173,6 +173,6 @@ def test_term_stats_names_each_term_once(searcher):
 
 def test_a_token_over_stdio_is_refused(demo_index_1):
     import subprocess
-    p = subprocess.run([sys.executable, "-m", "funnel.serving.cli", "mcp", demo_index_1, "--token", "T"],
+    p = subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", "mcp", demo_index_1, "--token", "T"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "streamable-http" in p.stderr

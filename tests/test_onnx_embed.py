@@ -215,7 +215,7 @@ def test_a_hybrid_search_process_imports_no_torch(small_dense):
     vectors, queried through onnxruntime) answers without torch, sentence_transformers or
     transformers in the process."""
     for runtime in ("auto", "torch"):
-        code = ("import sys; from funnel.serving.cli import main; "
+        code = ("import sys; from funnel.serving.frontends.cli import main; "
                 f"rc = main(['search', {small_dense[runtime]!r}, 'rain clouds storm', '--mode', 'hybrid', '--k', '3']); "
                 "print('MODULES', [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules], "
                 "rc, file=sys.stderr)")

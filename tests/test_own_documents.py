@@ -17,11 +17,11 @@ import anyio
 import httpx
 import pytest
 
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 from funnel.serving.documents import MAX_LIST_LIMIT
 from funnel.serving.errors import SearchError
-from funnel.serving.http import create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.http import create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.principals import TokenFile, as_principal, principal, token_digest
 from funnel.serving.search import MAX_DOCUMENT_IDS, open_index
 from servers import free_port, live_server

@@ -33,8 +33,8 @@ import httpx
 import pytest
 
 from funnel.pipelines.artifacts import list_versions, load_manifest, read_current
-from funnel.serving.http import create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.http import create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.search import open_index
 from servers import live_server
 from test_folder_corpus import TEXINFO_HTML, make_pdf
@@ -100,7 +100,7 @@ STEMS = re.compile(r"\b(enabl|proxi|retriev)\b", re.IGNORECASE)
 def funnel(*args: str, cwd: str, ok: bool = True) -> subprocess.CompletedProcess:
     """``funnel ARGS`` as a process (the venv's console script beside this Python)."""
     exe = os.path.join(os.path.dirname(sys.executable), "funnel")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "funnel.serving.cli"]
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "funnel.serving.frontends.cli"]
     p = subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
                        stdin=subprocess.DEVNULL)
     if ok:
@@ -386,7 +386,7 @@ def test_results_are_plain_data_and_mcp_names_its_version(ix):
 def test_the_cli_page_line_for_a_lower_bound_and_a_last_page(capsys):
     """``funnel search``'s stderr line (``cli.print_page``) over results as a search returns
     them: a lower-bound total says 'at least' and offers the next page; the last page offers none."""
-    from funnel.serving.cli import print_page
+    from funnel.serving.frontends.cli import print_page
     from funnel.serving.result import Hit, SearchResult
 
     def page(n_hits: int, offset: int, total: dict) -> str:

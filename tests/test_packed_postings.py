@@ -1,6 +1,6 @@
 """Packed postings (issue 50, item 1): ``funnel build --postings packed`` stores each term's
 document gaps and tfs bit-packed per block of 128 postings, and serving decodes the terms a
-query reads into a bounded cache (``serving/packed.py``).
+query reads into a bounded cache (``serving/lexical/packed.py``).
 
 What must hold: the codec gives back exactly what it packed; a packed index answers every
 query exactly as the plain index of the same corpus does (ids and scores, every path: the
@@ -514,7 +514,7 @@ def test_random_bit_flips_in_packed_files_never_crash(pair, tmp_path, load):
         from funnel.pipelines.artifacts import IndexFormatError, read_current
         from funnel.serving.errors import IndexDamaged
         from funnel.serving.index import IndexVersion
-        from funnel.serving.lexical import BM25Retriever
+        from funnel.serving.lexical.retriever import BM25Retriever
         root = {root!r}
         vdir = os.path.join(root, read_current(root))
         rng = random.Random(3)

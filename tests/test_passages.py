@@ -223,6 +223,6 @@ def test_default_spans_of_a_short_text_skip_the_token_split_and_agree_with_it(te
     what the full split (``split_spans`` over ``regex_token_spans``) gives, on either side
     of the bound."""
     from funnel.pipelines.passages import DEFAULT_OVERLAP, regex_token_spans, split_spans
-    from funnel.serving.citations import default_spans
+    from funnel.serving.answers.citations import default_spans
     want = split_spans(text, regex_token_spans(text), window, DEFAULT_OVERLAP)
     assert default_spans(text, window).tolist() == [list(s) for s in want]

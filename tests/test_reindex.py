@@ -275,7 +275,7 @@ def test_bad_input_is_a_clear_error(index_a, corpora, tmp_path, capsys):
     assert list_versions(index_a) == ["v000001"] and read_current(index_a) == "v000001"
     assert _debris(index_a) == []
 
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     assert main(["reindex", "--index", missing, "--corpus", corpora[1]]) == 2
     assert "error: index root" in capsys.readouterr().err
 
@@ -315,7 +315,7 @@ def test_a_failure_mid_reindex_publishes_nothing(where, index_a, corpora, monkey
 
 
 def test_cli_reindex(index_a, corpora, capsys):
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     assert main(["reindex", "--index", index_a, "--corpus", corpora[1], "--executor", "local", "--keep", "1"]) == 0
     out = capsys.readouterr().out
     assert f"published {index_a}/v000002 (parent v000001)" in out
@@ -361,7 +361,7 @@ def test_dense_reindex_embeds_only_what_changed(executor, ray_session, demo_corp
 def test_cli_help_states_every_default(capsys):
     from test_cli_help import option_entries
 
-    from funnel.serving.cli import main
+    from funnel.serving.frontends.cli import main
     assert main(["reindex", "--help"]) == 0
     entries = option_entries(capsys.readouterr().out)
     assert {"--index", "--corpus", "--dense", "--keep", "--force", "--executor"} <= set(entries)

@@ -21,7 +21,7 @@ import pytest
 from funnel.jobs.build_index import build
 from funnel.pipelines import remote
 from funnel.pipelines.artifacts import MANIFEST, MANIFEST_SUM, IndexFormatError, load_manifest
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl

@@ -22,9 +22,9 @@ import pytest
 from funnel.pipelines import artifacts
 from funnel.pipelines.artifacts import (VERIFIED, IndexFormatError, load_manifest, new_staging_dir, publish,
                                         read_current, read_stamps)
-from funnel.serving.http import create_app
+from funnel.serving.frontends.http import create_app
 from funnel.serving.index import IndexVersion
-from funnel.serving.scrub import ScrubConfig, Scrubber, start_scrub
+from funnel.serving.frontends.scrub import ScrubConfig, Scrubber, start_scrub
 from funnel.serving.search import Searcher
 
 QUERY = "parse command line arguments"
@@ -288,7 +288,7 @@ def test_mcp_tools_answer_with_the_reason_when_no_good_version_is_left(root):
     import anyio
     from mcp import Client
 
-    from funnel.serving.mcp import build_mcp_server
+    from funnel.serving.frontends.mcp import build_mcp_server
     trust_as_hashed(_vdir(root))
     with Searcher(root) as s:
         server = build_mcp_server(s)

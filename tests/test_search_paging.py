@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from fields_corpus import FINANCE, PUBLIC, SHARED, TEAM, acl_dense_index, matches
-from funnel.serving import paging
-from funnel.serving.cli import main
+from funnel.serving.answers import paging
+from funnel.serving.frontends.cli import main
 from funnel.serving.errors import SearchError
-from funnel.serving.http import create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.http import create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.principals import principal
 from funnel.serving.search import MAX_K, open_index
 from servers import live_server

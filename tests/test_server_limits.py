@@ -51,12 +51,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def funnel_process(*args: str, env: dict[str, str] | None = None):
-    """``python -m funnel.serving.cli ARGS`` with FUNNEL_TOKEN unset unless ``env`` sets it;
+    """``python -m funnel.serving.frontends.cli ARGS`` with FUNNEL_TOKEN unset unless ``env`` sets it;
     always stopped (TERM, then KILL). Yields the Popen and a function returning its output."""
     log = tempfile.TemporaryFile("w+")
     full_env = {k: v for k, v in os.environ.items() if k != "FUNNEL_TOKEN"}
     full_env.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.cli", *args], env=full_env,
+    proc = subprocess.Popen([sys.executable, "-m", "funnel.serving.frontends.cli", *args], env=full_env,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def output() -> str:
@@ -107,7 +107,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
     full_env = {k: v for k, v in os.environ.items() if k != "FUNNEL_TOKEN"}
     full_env.update(env or {})
     try:
-        return subprocess.run([sys.executable, "-m", "funnel.serving.cli", *args], env=full_env,
+        return subprocess.run([sys.executable, "-m", "funnel.serving.frontends.cli", *args], env=full_env,
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"funnel {' '.join(args)} did not refuse to start; it was still running after "

@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from funnel.serving.bm25 import BM25Params
+from funnel.serving.lexical.bm25 import BM25Params
 from funnel.serving.search import ModeUnavailable, SearchError, open_index
 from funnel.serving.sira import (SiraConfig, df_filter, expansion_terms, ngram_key, rm3_weights, select_terms,
                                  sub_ngrams, weighted_query)

@@ -12,7 +12,7 @@ import pytest
 from funnel.pipelines.postings import BLOCK_FILES, load_block_maxima
 from funnel.pipelines.shard import shard_name
 from funnel.serving import kernels
-from funnel.serving.lexical import _DEFAULT, block_maxima_key
+from funnel.serving.lexical.retriever import _DEFAULT, block_maxima_key
 from funnel.serving.search import open_index
 
 QUERIES = ["anemia iron deficiency", "blood cells", "vitamin", "fatigue and sleep", "heart disease risk"]

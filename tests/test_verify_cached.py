@@ -17,7 +17,7 @@ import pytest
 from funnel.pipelines import artifacts
 from funnel.pipelines.artifacts import (VERIFIED, IndexFormatError, gc, load_manifest, new_staging_dir, publish,
                                         read_current)
-from funnel.serving.cli import main
+from funnel.serving.frontends.cli import main
 from funnel.serving.index import IndexVersion
 
 

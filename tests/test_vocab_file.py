@@ -50,7 +50,7 @@ def test_a_search_process_does_not_import_duckdb(built):
     import subprocess
     import sys
     root, _ = built
-    code = ("import sys; from funnel.serving.cli import main; "
+    code = ("import sys; from funnel.serving.frontends.cli import main; "
             f"rc = main(['search', {root!r}, {QUERY!r}, '--k', '3']); "
             "print('DUCKDB', 'duckdb' in sys.modules, 'pyarrow.compute' in sys.modules, rc, file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

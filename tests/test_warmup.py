@@ -1,4 +1,4 @@
-"""A server's warm-up (serving/warmup.py): real requests through the HTTP API and the MCP server
+"""A server's warm-up (serving/frontends/warmup.py): real requests through the HTTP API and the MCP server
 before they listen, and a newly published version warmed before it serves.
 
 Real components throughout: in-process builds of a small dense index (onnxruntime, FAISS),
@@ -13,10 +13,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from funnel.serving.http import create_app
-from funnel.serving.mcp import build_mcp_server
+from funnel.serving.frontends.http import create_app
+from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.search import open_index
-from funnel.serving.warmup import warm_http, warm_mcp, warm_server, warm_texts
+from funnel.serving.frontends.warmup import warm_http, warm_mcp, warm_server, warm_texts
 
 from conftest import write_jsonl
 from servers import live_server

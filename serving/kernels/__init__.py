@@ -22,9 +22,9 @@ One module per role, each with its share of the story in its docstring:
   over stored levels and its exact rescoring; ``search_shards_plain``.
 * ``maxscore.py``: pruning by per-term bounds.  ``blockmax.py``: pruning by block maxima.
 * ``search.py``: ``search_shards`` and the batch entry points.  ``sira.py``: ``sira_batch``.
-* ``masked.py``: the kernels behind ``serving/masked.py``.
+* ``masked.py``: the kernels behind ``serving/lexical/masked.py``.
 * ``packed.py``: the codec of packed postings (``funnel build --postings packed``): the build
-  packs with it, ``serving/packed.py`` decodes the terms its cache holds into the plain arrays
+  packs with it, ``serving/lexical/packed.py`` decodes the terms its cache holds into the plain arrays
   every kernel above reads, and the exhaustive approximate pass reads the other terms of a
   query straight from their blocks (``accumulate_packed``, ``packed_tfs``; ``pk`` in
   ``exhaustive.search_shards_plain``).

@@ -63,7 +63,7 @@ DENSE_DIVISOR = 16
 # better overall in a sweep over both corpora's workloads at 1M (within noise on four of five).
 PRUNE_SKIP = 0.92
 # Postings streamed in the time of one candidate lookup in a term's blocks, as `_prune_pays`
-# charges the documents its rarest terms bring in (``serving/masked.py``'s CANDIDATE_COST,
+# charges the documents its rarest terms bring in (``serving/lexical/masked.py``'s CANDIDATE_COST,
 # measured for the masked kernels' lookups). Without that charge, long questions at k=10
 # were pruned where their rarest terms' k-th let most blocks go, and ran 12% slower on the
 # Zipf corpus at 1M: each of those thousands of documents looked up in a dozen terms.
@@ -193,7 +193,7 @@ NO_IMPACTS = np.zeros((0, 2), dtype=np.int64)
 
 
 #: The arrays of one packed shard the exhaustive kernels read without decoding them first
-#: (``kernels/packed.py``, ``serving/packed.py``), in the order of a ``pmeta`` table: the
+#: (``kernels/packed.py``, ``serving/lexical/packed.py``), in the order of a ``pmeta`` table: the
 #: packed stream, block offsets, first ids and widths (``[nb, 2]``, flattened), each term's
 #: first block, the term ranges decode checked (a private copy of ``indptr``), and
 #: ``info``: (the largest tf the shard stores,). ``exhaustive._packed_of`` reads them as these dtypes.
@@ -203,7 +203,7 @@ PACKED_DTYPES = (np.uint32, np.int64, np.int32, np.uint8, np.int32, np.int64, np
 
 def packed_table(packed: list) -> tuple[np.ndarray, list[np.ndarray]]:
     """(pmeta, keep): the int64 [S, 2·len(PACKED_FIELDS)] (address, length) table of each
-    shard's packed arrays (``serving.packed.PackedShard``; None for a plain shard: all
+    shard's packed arrays (``serving.lexical.packed.PackedShard``; None for a plain shard: all
     lengths 0), and the arrays it points into, which the caller keeps referenced."""
     pmeta = np.zeros((len(packed), 2 * len(PACKED_FIELDS)), dtype=np.int64)
     keep = []

@@ -1,4 +1,4 @@
-"""Compiled BM25 under a mask: the kernels behind ``serving/masked.py``.
+"""Compiled BM25 under a mask: the kernels behind ``serving/lexical/masked.py``.
 
 Three per-shard kernels, each exact (an allowed document's score is the unfiltered one, bit
 for bit: every term added from 0.0 in the canonical order with ``decode._impact``'s

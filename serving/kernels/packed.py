@@ -11,7 +11,7 @@ stream, so a value is read with one 64-bit window over two words. Widths are at 
 bits (document ids are below 2**31, so every gap less one is too).
 
 Serving decodes a term's postings into plain arrays (`unpack_terms`) before the kernels read
-them (``serving.packed``), so the kernels themselves never see this format. The decoder
+them (``serving.lexical.packed``), so the kernels themselves never see this format. The decoder
 trusts nothing it reads: a width above what the values' dtype holds, a block outside the
 stream or not the size its widths give, a first id that does not ascend past the previous
 block or a decoded id outside the shard stops it with ``FAULT_DOCS`` (the caller names the
@@ -304,7 +304,7 @@ def term_blocks(indptr: np.ndarray) -> np.ndarray:
 # Scoring straight from the packed stream (issue 50): the exhaustive approximate pass reads a
 # term the postings cache has not decoded from its blocks here, and its exact rescoring looks
 # the candidates' tfs up in them, so a query whose terms outgrow the cache decodes nothing
-# into it (``exhaustive._search_approx``, ``serving.packed``).
+# into it (``exhaustive._search_approx``, ``serving.lexical.packed``).
 
 
 @jit(inline="always")

@@ -88,7 +88,7 @@ def search_texts(searcher, texts: list[str], k: int, prep) -> tuple[np.ndarray, 
         den, itab = bm._table(params)
         imp = bm._impacts(params)  # held while the kernel runs
         cache = getattr(ix, "postings_cache", None)
-        if cache is not None:  # the kernel picks expansion terms itself: every term decoded (serving.packed)
+        if cache is not None:  # the kernel picks expansion terms itself: every term decoded (serving.lexical.packed)
             cache.pin_all()
     except ShardFault as e:  # a damaged file (kernels/checks.py, "Damaged files")
         raise bm.fault_error(e) from None

@@ -51,7 +51,7 @@ class ForwardIndex:
                     dl = np.zeros(n_docs)
                     offsets, base, pos = [], 0, 0
                     for sh in self.index.shards:
-                        sdocs, stfs = sh.all_postings()  # a packed shard's: decoded (serving.packed)
+                        sdocs, stfs = sh.all_postings()  # a packed shard's: decoded (serving.lexical.packed)
                         n = len(sdocs)
                         order = np.argsort(sdocs, kind="stable")
                         ptr[base:base + sh.n_docs + 1] = pos + np.searchsorted(sdocs[order],

@@ -1,7 +1,7 @@
 """The lexical space SIRA judges and feeds back in: documents, or passages where BM25 scores passages.
 
 An index built with ``--bm25-passages`` scores a document by its best passage (MaxP,
-``serving.passage_bm25``), so SIRA's one weighted BM25 call runs over passages too. Its
+``serving.lexical.passage_bm25``), so SIRA's one weighted BM25 call runs over passages too. Its
 expansion vocabulary is then judged and gathered in the same space:
 
 * the **DF filter** keeps a phrase when ``1 <= df <= τ·N`` with df and N over passages (a
@@ -61,7 +61,7 @@ def space(searcher) -> Space:
 def best_passages(searcher, docnos, terms: dict[str, float], params) -> np.ndarray:
     """The passage-index docnos of each document's best passage for ``terms`` (BM25 over its
     passages, ``PassageBM25.best_passage``'s choice); -1 where none matches."""
-    from ..passage_rank import bm25_of_docnos
+    from ..answers.passage_rank import bm25_of_docnos
     bm = searcher.bm25
     out = np.full(len(docnos), -1, dtype=np.int64)
     for i, n in enumerate(np.asarray(docnos, dtype=np.int64).tolist()):

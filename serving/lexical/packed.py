@@ -51,7 +51,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .errors import ShardFault
+from ..errors import ShardFault
 
 # The codec (``kernels/packed.py``) is imported where a packed shard is opened, not here: a
 # process that opens a plain index (one CLI query, say) never imports the kernels or numba.
@@ -140,8 +140,8 @@ class PackedShard:
 
     def __init__(self, shard_dir: str, indptr: np.ndarray, n_docs: int, rel: str, tf_dtype=None,
                  load: bool = False):
-        from .kernels import packed as codec
-        from .kernels.layout import IMPACT_DTYPE
+        from ..kernels import packed as codec
+        from ..kernels.layout import IMPACT_DTYPE
         self._codec = codec
         self.imp_dtype = np.dtype(IMPACT_DTYPE)
         with open(os.path.join(shard_dir, PACKED_KEY), encoding="utf-8") as f:
@@ -206,7 +206,7 @@ class PackedShard:
         self.decode(np.flatnonzero(self.decoded))
 
     def _fault(self, code: int, what: str) -> ShardFault:
-        from .kernels.layout import FAULT_DOCS
+        from ..kernels.layout import FAULT_DOCS
         if code == FAULT_DOCS:
             return ShardFault(f"{self.rel}/{PACKED_WORDS}", f"holds a damaged block of {what} (a width, size, "
                                                             "or document id the shard cannot have)")
@@ -620,7 +620,7 @@ def check_packed(shard_dir: str, rel: str, indptr: np.ndarray, n_docs: int) -> t
     block count against ``indptr``, each block's start inside the stream and after the
     previous one, its widths, its first document inside the shard. The blocks' contents are
     checked as they are decoded."""
-    from .kernels.packed import PACK_BLOCK, term_blocks
+    from ..kernels.packed import PACK_BLOCK, term_blocks
     try:
         words, boff, first, width = (np.load(os.path.join(shard_dir, n), mmap_mode="r") for n in PACKED_FILES)
     except (OSError, ValueError) as e:

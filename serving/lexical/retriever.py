@@ -33,11 +33,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..pipelines.postings import BLOCK_FILES
-from . import filters
+from ...pipelines.postings import BLOCK_FILES
+from .. import filters
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
-from .errors import IndexDamaged, ShardFault
-from .index import IndexVersion
+from ..errors import IndexDamaged, ShardFault
+from ..index import IndexVersion
 
 
 class _Kernels:
@@ -48,7 +48,7 @@ class _Kernels:
 
     def __getattr__(self, name: str):
         global kernels
-        from . import kernels as module
+        from .. import kernels as module
         kernels = module
         return getattr(module, name)
 
@@ -288,7 +288,7 @@ class BM25Retriever:
         if self._packed_args is None:
             with self._lock:
                 if self._packed_args is None:
-                    from .kernels import packed as codec
+                    from ..kernels import packed as codec
                     _, itab = impact_tables(_DEFAULT, self.index.avgdl, 255)
                     pmeta, keep = kernels.packed_table([getattr(s, "packed", None) for s in self.index.shards])
                     self._packed_args = (pmeta, keep, codec.level_grid(itab))
@@ -312,7 +312,7 @@ class BM25Retriever:
 
     def _pinned(self, gids: np.ndarray):
         """A context in which every term of ``gids`` is readable by the kernels: decoded and
-        kept where shards are packed (``serving.packed``), nothing to do otherwise."""
+        kept where shards are packed (``serving.lexical.packed``), nothing to do otherwise."""
         cache = getattr(self.index, "postings_cache", None)  # tests build retrievers over namespaces
         return cache.pinned(gids) if cache is not None else contextlib.nullcontext()
 
@@ -757,7 +757,7 @@ class BM25Retriever:
         params = params or BM25Params()
         ix = self.index
         gids, ws, kept = self.weights(terms)
-        from .result import split_docno
+        from ..result import split_docno
         self._refuse_damaged()
         docnos = [int(n) for n in docnos]
         by_shard: dict[int, list[int]] = {}

@@ -50,11 +50,11 @@ import weakref
 
 import numpy as np
 
-from . import kernels
-from .kernels import HAVE_NUMBA
+from .. import kernels
+from ..kernels import HAVE_NUMBA
 
 if HAVE_NUMBA:
-    from .kernels.masked import search_masked_shards
+    from ..kernels.masked import search_masked_shards
 
 #: A shard is scored by candidates when allowed docs × query terms × this is at most its
 #: postings, and a term is streamed there when candidates × this is at least its postings

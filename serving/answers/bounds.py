@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from .citations import MAX_RANGE_CHARS
-from .result import Citation, Hit, SearchResult
+from ..result import Citation, Hit, SearchResult
 
 #: Characters of document text one answer holds: a search's titles, snippets, whys, passages
 #: and context together; a fetch's title, fields and text together.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ShardFault
+from ..errors import ShardFault
 
 LENGTH_NORMS = ("lucene-byte4", "exact")
 
@@ -157,7 +157,7 @@ class ShardScorer:
                  stored_impacts: tuple | None = None, rel: str = "lexical/shard-0000", packed=None):
         # Plain ndarray views of the memory maps: slicing an np.memmap subclass costs ~1µs more.
         self.indptr = np.asarray(arrays["indptr"])
-        # A packed shard (serving.packed.PackedShard): ``docs`` and ``tfs`` are its decode
+        # A packed shard (serving.lexical.packed.PackedShard): ``docs`` and ``tfs`` are its decode
         # targets, which hold a term's postings only while the postings cache has it decoded;
         # the kernels read them (BM25Retriever pins their terms first), everything else here
         # decodes a term for itself (`postings`, `all_postings`).

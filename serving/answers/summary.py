@@ -42,7 +42,7 @@ from funnel.pipelines.passages import line_span
 from .citations import last_visible
 from .context import CHARS_PER_TOKEN, approx_tokens, truncate_to_budget
 from .passage_rank import PassageRanking, sentence_bounds, units
-from .result import Hit
+from ..result import Hit
 
 #: Tokens of the text when a search names no budget.
 DEFAULT_BUDGET = 1000

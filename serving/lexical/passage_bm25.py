@@ -37,10 +37,10 @@ import numpy as np
 from funnel.pipelines.artifacts import IndexFormatError
 from funnel.pipelines.passage_bm25 import parse_passage_ids
 
-from . import filters
+from .. import filters
 from .bm25 import BM25Params
-from .index import IndexVersion
-from .lexical import BM25Retriever, Scored
+from ..index import IndexVersion
+from .retriever import BM25Retriever, Scored
 
 #: How much deeper each repeated passage search goes.
 GROWTH = 4
@@ -240,7 +240,7 @@ class PassageBM25:
         """(passage position, score, its explanation) of document ``n``'s best passage (the
         first on ties), None where no passage matches: every passage scored at once
         (``passage_rank.bm25_of_docnos``), the best one explained."""
-        from .passage_rank import bm25_of_docnos
+        from ..answers.passage_rank import bm25_of_docnos
         pdn = self.passage_docnos(n)
         if len(pdn) == 0:
             return None
@@ -256,7 +256,7 @@ class PassageBM25:
 
     def passage_docnos(self, n: int) -> np.ndarray:
         """Docnos, in the passage index, of document ``n``'s passages in ordinal order (for
-        scoring them all at once: ``serving.passage_rank.bm25_of_docnos``)."""
+        scoring them all at once: ``serving.answers.passage_rank.bm25_of_docnos``)."""
         p = self._passages_of(n)
         s = np.searchsorted(self.passage_off, p, side="right") - 1
         return (s.astype(np.int64) << 32) | (p - self.passage_off[s])

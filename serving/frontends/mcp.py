@@ -75,19 +75,19 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .citations import MAX_RANGE_CHARS
-from .documents import DEFAULT_LIST_LIMIT, MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_LIST_LIMIT, MAX_PATTERN_CHARS
+from ..answers.citations import MAX_RANGE_CHARS
+from ..documents import DEFAULT_LIST_LIMIT, MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_LIST_LIMIT, MAX_PATTERN_CHARS
 from .connections import ConnectionLimits, uvicorn_config
 from .http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, allowed_hosts, MAX_MODE_CHARS, MAX_TERM_CHARS,
                    MAX_TERMS, RefreshThrottle, RequestGuard, Term, Text, caller_of, check_exposure, check_options,
                    check_range, get_documents as get_documents_of, index_status, search_with_options,
                    servable_modes, term_stats as term_stats_of)
-from .result import SearchResult
+from ..result import SearchResult
 from .scrub import ScrubConfig, start_scrub
 from .warmup import describe, warm_mcp, warm_server
-from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, Searcher, SearchError,
+from ..search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, Searcher, SearchError,
                      open_index)
-from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+from ..answers.summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -528,7 +528,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
     body_timeout_s
         streamable-http only: seconds a request body may take to arrive in full; then 408.
     scrub
-        The background scrub's interval and read rate (``serving.scrub``; default: a pass every
+        The background scrub's interval and read rate (``serving.frontends.scrub``; default: a pass every
         6 h at 8 MiB/s; ``ScrubConfig(interval_s=0)`` turns it off); a damaged version's
         searches become tool errors.
     tokens
@@ -537,7 +537,7 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
         stays the administrator's.
     limits
         streamable-http only: the request-head deadline, the idle keep-alive time and the
-        number of connections held at once (``serving.connections``).
+        number of connections held at once (``serving.frontends.connections``).
 
     Returns
     -------
@@ -575,13 +575,13 @@ def run_mcp(index_root: str, transport: str = "stdio", host: str = "127.0.0.1", 
 
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
-    from .principals import TokenFile
+    from ..principals import TokenFile
     token_file = TokenFile(tokens) if tokens else None
     check_exposure(host, token or tokens, insecure, f"MCP for {index_root}")
     hosts = allowed_hosts(host, allow_hosts)
     ix = open_index(index_root, chat=chat)
     server = build_mcp_server(ix, token=token, tokens=token_file)
-    # Before listening (serving.warmup): the version, then tool calls through this server; each
+    # Before listening (serving.frontends.warmup): the version, then tool calls through this server; each
     # later version is warmed before it serves.
     # In-process calls carry no token: with one required, they go to a server without it.
     unguarded = server if token is None and token_file is None else build_mcp_server(ix)

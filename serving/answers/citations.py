@@ -29,8 +29,8 @@ import numpy as np
 from funnel.pipelines.passages import (DEFAULT_ENDPOINT_WINDOW, DEFAULT_OVERLAP, line_span, regex_token_spans,
                                        split_spans)
 
-from .errors import SearchError
-from .result import Citation
+from ..errors import SearchError
+from ..result import Citation
 
 #: Tokens per passage when an index stores none (the default embedder's window).
 DEFAULT_WINDOW = DEFAULT_ENDPOINT_WINDOW

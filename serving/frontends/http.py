@@ -35,7 +35,7 @@ token check and before it is read, and the time the body may take to arrive
 (`RequestGuard`), then the fields (term count and length, options, k), then every
 option value, a finite number in its range (``serving/options.py``, in ``search()``); what
 is over a limit, or is not text (a lone surrogate), is a 4xx naming the limit, never a 500.
-Connections are bounded by ``serving/connections.py`` (a request head within
+Connections are bounded by ``serving/frontends/connections.py`` (a request head within
 ``--header-timeout``, idle ones closed after ``--keep-alive-timeout``, at most
 ``--max-connections`` open). With a token, every path but ``/health`` needs
 ``Authorization: Bearer TOKEN``, ``/docs`` and ``/openapi.json`` included. Beyond loopback, `serve` refuses to start without
@@ -69,14 +69,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from funnel.pipelines.artifacts import IndexFormatError
 
-from .citations import MAX_RANGE_CHARS
-from .documents import MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_PATTERN_CHARS
+from ..answers.citations import MAX_RANGE_CHARS
+from ..documents import MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_PATTERN_CHARS
 from .connections import ConnectionLimits, uvicorn_config
 from .safejson import nesting_depth
 from .scrub import ScrubConfig, start_scrub
-from .search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, ModeUnavailable, Searcher,
+from ..search import (MAX_DOCUMENT_IDS, MAX_K, MAX_PASSAGES_PER_HIT, MAX_QUERY_CHARS, ModeUnavailable, Searcher,
                      SearchError, open_index)
-from .summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+from ..answers.summary import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -526,7 +526,7 @@ def index_status(searcher: Searcher, principal=None) -> dict[str, Any]:
         return dict(body, dense=False, n_passages=None, fields={}, access_control=None, restricted=None)
     from funnel.pipelines.fields import ACL_FIELD
 
-    from .dense import shard_entries
+    from ..dense import shard_entries
     manifest = searcher.index.manifest
     section = manifest.get("fields") or {}
     schema = dict(section.get("schema") or {})
@@ -639,7 +639,7 @@ PRINCIPAL_KEY = "funnel.principal"
 def caller_of(header: bytes, admin: bytes | None, tokens) -> Any:
     """The principal an ``Authorization`` header authenticates: the administrator for the
     single token (``b"Bearer TOKEN"`` in ``admin``), a tokens file's principal, or None."""
-    from .principals import ADMIN
+    from ..principals import ADMIN
     if admin is not None and secrets.compare_digest(header, admin):
         return ADMIN
     if tokens is not None and header.startswith(b"Bearer "):
@@ -902,7 +902,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     body_timeout_s
         Seconds a request body may take to arrive in full; then 408 (`RequestGuard`).
     scrub
-        The background scrub's interval and read rate (``serving.scrub``; default: a pass every
+        The background scrub's interval and read rate (``serving.frontends.scrub``; default: a pass every
         6 h at 8 MiB/s; ``ScrubConfig(interval_s=0)`` turns it off).
     tokens
         A tokens file (``serving/principals.py``): each caller's token names its principal and
@@ -910,7 +910,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
         reloaded when it changes. ``token`` stays the administrator's, who sees everything.
     limits
         How long a request head may take and an idle connection may stay, and how many
-        connections are held at once (``serving.connections``; default ``ConnectionLimits()``:
+        connections are held at once (``serving.frontends.connections``; default ``ConnectionLimits()``:
         10 s, 5 s, 256).
 
     Returns
@@ -927,7 +927,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     """
     import uvicorn
 
-    from .principals import TokenFile
+    from ..principals import TokenFile
 
     if token is not None and not token.strip():
         raise ValueError("the token is empty: pass a non-empty token, or None to serve without authentication")
@@ -939,7 +939,7 @@ def serve(index_root: str, host: str = "127.0.0.1", port: int = 8765, token: str
     searcher = app.state.searcher
     from .warmup import describe, warm_http, warm_server
     # Before listening, no request pays for loading anything: the version, then real requests
-    # through this app; each later version is warmed before it serves (serving.warmup).
+    # through this app; each later version is warmed before it serves (serving.frontends.warmup).
     log.info("%s", describe(warm_server(searcher, lambda: warm_http(app, searcher, token, token_file)),
                             "requests through the API"))
     scrubbing = start_scrub(searcher.follower, scrub)

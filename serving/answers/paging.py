@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SearchError
+from ..errors import SearchError
 
 #: Postings a bm25 total reads, at most, before it settles for a lower bound: marking 200,000
 #: of them in a 1M-document shard and counting the allowed ones takes ~0.5 ms of CPU, small

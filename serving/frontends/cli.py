@@ -88,22 +88,22 @@ class _Unbound:
 
 
 def _search_modes() -> tuple[str, ...]:
-    from .search import VersionSearcher
+    from ..search import VersionSearcher
     return tuple(VersionSearcher.modes(_Unbound()))
 
 
 def _fusions() -> tuple[str, ...]:
-    from .hybrid import FUSIONS
+    from ..hybrid import FUSIONS
     return FUSIONS
 
 
 def _proposers() -> tuple[str, ...]:
-    from .sira import PROPOSER_CHOICES
+    from ..sira import PROPOSER_CHOICES
     return PROPOSER_CHOICES
 
 
 def _length_norms() -> tuple[str, ...]:
-    from .bm25 import LENGTH_NORMS
+    from ..lexical.bm25 import LENGTH_NORMS
     return LENGTH_NORMS
 
 
@@ -131,9 +131,9 @@ class _ApiDefault:
         self.name = name
 
     def __str__(self) -> str:
-        from .bm25 import BM25Params
-        from .hybrid import HybridConfig
-        from .sira import SiraConfig
+        from ..lexical.bm25 import BM25Params
+        from ..hybrid import HybridConfig
+        from ..sira import SiraConfig
         if self.name == "lambda":  # SIRA's λ depends on the proposer
             return ", ".join(f"{p} {w:g}" for p, w in SiraConfig.lambdas)
         for cls in (BM25Params, HybridConfig, SiraConfig):
@@ -245,7 +245,7 @@ def _chat(args):
     spec = getattr(args, "chat", None) if args is not None else None
     if not spec:
         return None
-    from .chat import ChatProvider
+    from ..chat import ChatProvider
     base_url, _, model = spec.partition("#")
     if not base_url.startswith(("http://", "https://")) or not model:
         raise ValueError(f"--chat wants BASE_URL#MODEL (e.g. http://127.0.0.1:8080/v1#smollm2), got {spec!r}")
@@ -253,7 +253,7 @@ def _chat(args):
 
 
 def _searcher(root: str, args=None, kernels: bool = True):
-    from .search import open_index
+    from ..search import open_index
     kw = {} if kernels else {"kernels": False}
     if args is not None and getattr(args, "verify", None):
         kw["verify"] = args.verify
@@ -262,7 +262,7 @@ def _searcher(root: str, args=None, kernels: bool = True):
         kw["chat"] = chat
     ix = open_index(root, **kw)
     if args is not None and getattr(args, "rerank", None):
-        from .rerank import make_reranker
+        from ..rerank import make_reranker
         embedder = None
         if args.rerank.strip().startswith("biencoder"):
             if not ix.dense_mode.available:
@@ -296,7 +296,7 @@ def _writable_file(path: str, flag: str) -> None:
 
 def print_hits(res, width: int = 100) -> None:
     """A result for a terminal: its summary (the ranked hits with their best passages quoted,
-    within the search's token budget: ``serving.summary``), then the packed context if asked."""
+    within the search's token budget: ``serving.answers.summary``), then the packed context if asked."""
     print(res.summary)
     context = res.trace.get("context")
     if context:
@@ -311,7 +311,7 @@ def _read_filter(text: str) -> str:
     """``--filter``'s JSON: the text itself, or a file's with ``@PATH`` (read no further than
     one character past the bound ``filters.loads_filter`` then refuses, naming it)."""
     if text.startswith("@"):
-        from .filters import MAX_FILTER_CHARS
+        from ..filters import MAX_FILTER_CHARS
         try:
             with open(text[1:], encoding="utf-8") as f:
                 return f.read(MAX_FILTER_CHARS + 1)
@@ -385,7 +385,7 @@ def cmd_search(a) -> int:
 def print_page(res, k: int) -> None:
     """Where this page of hits stands in the whole ranking, on stderr, as `funnel list`
     says it: ``(hits 4-6 of 16 documents; next page: --offset 6)``; ``at least`` where the
-    total is a lower bound (``serving.paging``)."""
+    total is a lower bound (``serving.answers.paging``)."""
     if not res.hits:
         return
     total = res.total or {}
@@ -461,7 +461,7 @@ def cmd_verify(a) -> int:
         print(f"{a.index.rstrip('/')}/{version}: OK ({len(m['files'])} files downloaded and checked, "
               f"{m['collection']['n_docs']} documents; manifest checksum verified)")
         return 0
-    from .index import IndexVersion
+    from ..index import IndexVersion
     ix = IndexVersion(a.index, verify="full")
     sealed = os.path.exists(os.path.join(ix.dir, "manifest.json.sha256"))
     print(f"{ix.dir}: OK ({len(ix.manifest['files'])} files checked, {ix.n_docs} documents; manifest "
@@ -1030,9 +1030,9 @@ def _setup_logging(a) -> None:
     if a.command in ("build", "reindex", "eval", "demo"):
         logging.getLogger("funnel.build").setLevel(logging.INFO)
     if a.command == "serve":
-        logging.getLogger("funnel.serving.http").setLevel(logging.INFO)
+        logging.getLogger("funnel.serving.frontends.http").setLevel(logging.INFO)
     if a.command == "mcp" and a.transport != "stdio":
-        logging.getLogger("funnel.serving.mcp").setLevel(logging.INFO)
+        logging.getLogger("funnel.serving.frontends.mcp").setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

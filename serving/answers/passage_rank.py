@@ -37,8 +37,8 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ShardFault
-from .fusion import RRF_K, convex_arrays, ranks_of, rrf_arrays
+from ..errors import ShardFault
+from ..fusion import RRF_K, convex_arrays, ranks_of, rrf_arrays
 
 #: Priority smoothing constant (RRF's k) for a passage's pool rank and its document's rank.
 PRIORITY_K = RRF_K
@@ -218,7 +218,7 @@ def text_tf(text: str, spans: np.ndarray, terms: dict[str, float], analyze: Call
 
 def text_bm25(tf: np.ndarray, dl: np.ndarray, w_idf: np.ndarray, avgdl: float, k1: float, b: float) -> np.ndarray:
     """``Σ_t w_t·idf_t · tf / (tf + k1·(1 − b + b·dl/avgdl))`` per passage (Lucene's BM25, as
-    ``serving.bm25``), with ``dl`` and ``avgdl`` in words of the passages."""
+    ``serving.lexical.bm25``), with ``dl`` and ``avgdl`` in words of the passages."""
     if tf.size == 0:
         return np.zeros(len(dl))
     denom = k1 * (1 - b + b * dl / max(avgdl, 1e-9))

@@ -46,7 +46,7 @@ from typing import Callable
 
 from funnel.pipelines.artifacts import MANIFEST, IndexFormatError, load_manifest
 
-from .index import IndexVersion, VersionFollower, forget_verification
+from ..index import IndexVersion, VersionFollower, forget_verification
 
 log = logging.getLogger(__name__)
 
