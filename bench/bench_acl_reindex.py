@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     import httpx
 
     from funnel.jobs.build_index import build
-    from funnel.pipelines.artifacts import load_manifest, read_current
+    from funnel.pipelines.store.artifacts import load_manifest, read_current
 
     label = f"{a.docs // 1000}k" if a.docs < 1_000_000 else f"{a.docs // 1_000_000}m"
     data = os.path.join(".funnel", "synth", label)

@@ -93,7 +93,7 @@ def part_ndcg(a) -> dict:
     import numpy as np
 
     from funnel.evaluation.evaluate import eval_dataset, load_beir
-    from funnel.pipelines.embed import make_provider
+    from funnel.pipelines.dense.embed import make_provider
     from funnel.serving.search import open_index
     torch_q = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "torch", "device": "cpu"})
     onnx_q = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "onnx"})
@@ -139,8 +139,8 @@ def _cosines(a, b) -> dict:
 def passages(a, n: int, ddir: str | None = None) -> list[str]:
     """The first ``n`` passages of a dataset (default: the long-document set) as the build
     splits them (256 word pieces, the title before each)."""
-    from funnel.pipelines.embed import make_provider
-    from funnel.pipelines.passages import PassageSettings, make_splitter
+    from funnel.pipelines.dense.embed import make_provider
+    from funnel.pipelines.dense.passages import PassageSettings, make_splitter
     ddir = ddir or datasets(a)["longdocs"]
     provider = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "onnx"})
     split = make_splitter(provider, PassageSettings())
@@ -158,7 +158,7 @@ def part_throughput(a) -> dict:
     """Passages per CPU second of the build's EmbedBatch per runtime and thread count."""
     import numpy as np
 
-    from funnel.pipelines.embed import EmbedBatch
+    from funnel.pipelines.dense.embed import EmbedBatch
     texts = passages(a, a.passages)
     batch = {"title": np.array([""] * len(texts), dtype=object), "text": np.array(texts, dtype=object)}
     cores = os.cpu_count() or 1
@@ -204,7 +204,7 @@ QUERIES = ["vitamin D deficiency and bone fractures", "statins reduce cardiovasc
 def scifact_index(a) -> str:
     """The dense SciFact index a CPU build makes by default (``CPU_RUNTIME``), built here unless
     the ndcg part did."""
-    from funnel.pipelines.embed import CPU_RUNTIME
+    from funnel.pipelines.dense.embed import CPU_RUNTIME
     root = os.path.join(a.out, "indexes", f"scifact-{CPU_RUNTIME}")
     if not os.path.exists(os.path.join(root, "CURRENT")):
         run_child(funnel("build", "--corpus", dataset_dir(a.data, "scifact"), "--out", root, "--dense"))
@@ -217,7 +217,7 @@ def part_query(a) -> dict:
     for r in range(a.query_runs):
         for mode in ("bm25", "hybrid"):
             rows[mode].append(run_child(funnel("search", root, QUERIES[r % len(QUERIES)], "--mode", mode)))
-    from funnel.pipelines.embed import CPU_RUNTIME
+    from funnel.pipelines.dense.embed import CPU_RUNTIME
     return {"runs": a.query_runs, "rows": rows, "runtime": CPU_RUNTIME}
 
 

@@ -32,8 +32,8 @@ import time
 import faiss
 import numpy as np
 
-from funnel.pipelines.embed import EmbedBatch
-from funnel.pipelines.vectors import build_dense_index, read_index, search_shards, write_dense_shard
+from funnel.pipelines.dense.embed import EmbedBatch
+from funnel.pipelines.dense.vectors import build_dense_index, read_index, search_shards, write_dense_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import add_common_arguments, dataset_dir, report  # noqa: E402

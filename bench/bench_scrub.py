@@ -61,7 +61,7 @@ def build(corpus: str, root: str, n_docs: int) -> float | None:
 
 def index_bytes(vdir: str) -> tuple[int, int]:
     """(files, bytes) the manifest lists."""
-    from funnel.pipelines.artifacts import load_manifest
+    from funnel.pipelines.store.artifacts import load_manifest
     files = load_manifest(vdir)["files"]
     return len(files), sum(m["size"] for m in files.values())
 

@@ -164,7 +164,7 @@ def _generated(corpus: str, n: int, lo: int, hi: int, seed: int) -> list[str]:
 
 def query_sets(corpus_kind: str, corpus: str, n: int, a) -> dict[str, dict[str, str]]:
     """{workload: {qid: text}} for one corpus (see the module docstring)."""
-    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.lexical.analysis import Analyzer
     an, keep = Analyzer(), synth_topical._vocab_filter()
     sets: dict[str, dict[str, str]] = {}
     if corpus_kind == "zipf":

@@ -59,8 +59,8 @@ def vocabulary(n_words: int, rng: np.random.Generator) -> np.ndarray:
     import Stemmer
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
-    from funnel.pipelines.analysis import LUCENE_ENGLISH_STOPWORDS
-    from funnel.pipelines.porter import porter_stem
+    from funnel.pipelines.lexical.analysis import LUCENE_ENGLISH_STOPWORDS
+    from funnel.pipelines.lexical.porter import porter_stem
 
     stop = set(LUCENE_ENGLISH_STOPWORDS) | set(STOPWORDS_EN) | set(STOPWORDS_EN_PLUS)
     syll = np.array([c + v for c in _CONSONANTS for v in _VOWELS], dtype=object)

@@ -62,8 +62,8 @@ def _vocab_filter():
     import Stemmer
     from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
 
-    from funnel.pipelines.analysis import LUCENE_ENGLISH_STOPWORDS
-    from funnel.pipelines.porter import porter_stem
+    from funnel.pipelines.lexical.analysis import LUCENE_ENGLISH_STOPWORDS
+    from funnel.pipelines.lexical.porter import porter_stem
 
     stop = set(LUCENE_ENGLISH_STOPWORDS) | set(STOPWORDS_EN) | set(STOPWORDS_EN_PLUS)
     stem = Stemmer.Stemmer("porter")
@@ -80,7 +80,7 @@ def _vocab_filter():
 
 def read_sources(data: str = DEFAULT_DATA) -> tuple[list[list[str]], list[str]]:
     """(each real document's kept terms, the source each came from), SciFact then NFCorpus."""
-    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.lexical.analysis import Analyzer
     an = Analyzer()
     keep = _vocab_filter()
     docs, src = [], []

@@ -90,10 +90,10 @@ EMBED_BYTES_PER_CPU_SECOND = {"torch": 16e3, "onnx": 18e3, "onnx-int8": 38e3}
 def corpus_bytes(spec) -> int:
     """Bytes of corpus text: JSONL file sizes (decompressed, for .gz/.zst), Parquet row groups'
     uncompressed sizes (metadata only)."""
-    from funnel.pipelines.corpus import jsonl_text_bytes, resolve_files
+    from funnel.pipelines.sources.corpus import jsonl_text_bytes, resolve_files
     fs, files, fmt = resolve_files(spec)
-    if fmt == "files":  # a folder of documents: the sizes its listing gave (pipelines.folder)
-        from funnel.pipelines.folder import listed_bytes
+    if fmt == "files":  # a folder of documents: the sizes its listing gave (pipelines.sources.folder)
+        from funnel.pipelines.sources.folder import listed_bytes
         return listed_bytes(files)
     if fmt != "parquet":
         return sum(jsonl_text_bytes(fs, f) for f in files)
@@ -128,7 +128,7 @@ def embed_estimate(nbytes: int, cpus: int | None = None, runtime: str = "auto") 
     """``; embedding (--dense, onnx-int8) ~42m more on 2 CPU(s)`` for ``nbytes`` of corpus on a
     CPU (``EMBED_BYTES_PER_CPU_SECOND``), for the engine line of a dense build: the lexical
     estimate leaves it out, and on a CPU it is most of the build (a GPU makes it less)."""
-    from funnel.pipelines.embed import CPU_RUNTIME
+    from funnel.pipelines.dense.embed import CPU_RUNTIME
     from funnel.pipelines.progress import format_duration
     name = CPU_RUNTIME if runtime == "auto" else runtime
     n = max(1, cpus or os.cpu_count() or 1)
@@ -341,7 +341,7 @@ def _read_chunk_task(chunk_dict: dict, spec_dict: dict, n_shards: int, counter=N
     instead, per shard, as the local engine spills them (``local_engine._spill``), and the
     report is the only return value: no shard's rows wait in shared memory."""
     from funnel.jobs.local_engine import _spill, split_by_shard
-    from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk
+    from funnel.pipelines.sources.corpus import Chunk, CorpusSpec, read_chunk
 
     chunk = Chunk(**{k: chunk_dict[k] for k in ("index", "path", "kind", "start", "end", "row_group",
                                                 "compression")})
@@ -376,8 +376,8 @@ def _shard_task(shard: int, out_dir: str, work_dir: str, analyzer_cfg: dict, cou
     import pyarrow as pa
 
     from funnel.jobs.worker_files import result_rows
-    from funnel.pipelines.analysis import AnalyzerConfig
-    from funnel.pipelines.shard import index_shard_docs, shard_summary, write_shard_docs
+    from funnel.pipelines.lexical.analysis import AnalyzerConfig
+    from funnel.pipelines.lexical.shard import index_shard_docs, shard_summary, write_shard_docs
 
     from funnel.jobs.local_engine import _shard_rows
 
@@ -589,29 +589,29 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
           follow_links: bool = False, embed_runtime: str = "auto", postings: str = "plain") -> BuildReport:
     """Build and publish a new index version under ``out``; see the module docstring.
 
-    ``passages`` (`funnel.pipelines.passages.PassageSettings`; default on) splits every
+    ``passages`` (`funnel.pipelines.dense.passages.PassageSettings`; default on) splits every
     document into passages of the embedder's window for the dense stage (DESIGN.md, "Long
     documents"); ``PassageSettings(enabled=False)`` embeds each document whole.
 
     ``bm25_passages`` (needs ``dense`` with passages on) also indexes every passage as a BM25
     document of its own, in the version's ``bm25-passages/`` folder, and serving then scores
-    BM25 by a document's best passage (`funnel.pipelines.passage_bm25`); off, BM25 is
+    BM25 by a document's best passage (`funnel.pipelines.lexical.passage_bm25`); off, BM25 is
     whole-document, as Lucene scores it.
 
     ``dense_memory_budget`` (bytes, or a size such as ``"4GiB"``; None: the default, 4 GiB)
     bounds the dense index's lists in RAM at serving: above it the FAISS shards are IVF-PQ,
-    re-scored exactly from the vectors on disk (`funnel.pipelines.vectors`).
+    re-scored exactly from the vectors on disk (`funnel.pipelines.dense.vectors`).
 
     ``fields`` declares the filterable fields (``"year:number,tags:keyword_list"``,
     ``"@schema.json"`` or a dict; None: inferred) and ``acl_absent`` what a document without
-    an ``acl`` field is (``public`` or ``private``): see `funnel.pipelines.fields`.
+    an ``acl`` field is (``public`` or ``private``): see `funnel.pipelines.sources.fields`.
 
-    ``limits`` bounds every corpus row (`funnel.pipelines.corpus.CorpusSpec`'s
+    ``limits`` bounds every corpus row (`funnel.pipelines.sources.corpus.CorpusSpec`'s
     ``max_depth``, ``max_field_bytes``, ``max_row_bytes``; unset: the defaults).
 
     ``include``, ``exclude`` (``.gitignore`` patterns, matched against a file's path in the
     folder) and ``follow_links`` (read symbolic links that leave the folder) choose the files
-    of a folder of documents (`funnel.pipelines.selection`, `funnel.pipelines.walk`).
+    of a folder of documents (`funnel.pipelines.sources.selection`, `funnel.pipelines.sources.walk`).
 
     ``enrich`` (a `funnel.pipelines.enrich.EnrichSettings`; base_url ``"local"`` starts
     the embedded SmolLM2) adds SIRA corpus enrichment after the DF reduce
@@ -632,14 +632,14 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
         if not kernels.HAVE_NUMBA:  # the codec would run as Python, hours at millions of documents
             raise ValueError("--postings packed needs numba (pip install numba, and FUNNEL_NUMBA unset); "
                              "or build with --postings plain")
-    from funnel.pipelines import remote
-    from funnel.pipelines.analysis import Analyzer
-    from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
-    from funnel.pipelines.corpus import CorpusSpec, plan_chunks
-    from funnel.pipelines.docorder import write_doc_ids
-    from funnel.pipelines.postings import finalize_shard
-    from funnel.pipelines.shard import build_lexical_shard, combine_fingerprints, shard_name
-    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats, write_vocabulary
+    from funnel.pipelines.store import remote
+    from funnel.pipelines.lexical.analysis import Analyzer
+    from funnel.pipelines.store.artifacts import new_staging_dir, publish, release_staging
+    from funnel.pipelines.sources.corpus import CorpusSpec, plan_chunks
+    from funnel.pipelines.store.docorder import write_doc_ids
+    from funnel.pipelines.lexical.postings import finalize_shard
+    from funnel.pipelines.lexical.shard import build_lexical_shard, combine_fingerprints, shard_name
+    from funnel.pipelines.lexical.stats import load_vocabulary, reduce_term_stats, write_vocabulary
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -648,21 +648,21 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
     if shard_mib is not None and (shard_mib < 1 or shards is not None):
         raise ValueError(f"--shard-mib must be >= 1 and is not used with --shards (got {shard_mib})")
     if bm25_passages:
-        from funnel.pipelines.passage_bm25 import check_options
+        from funnel.pipelines.lexical.passage_bm25 import check_options
         check_options(dense, passages is None or passages.enabled, enrich is not None)
     if dense_memory_budget is not None:
-        from funnel.pipelines.vectors import parse_memory_budget
+        from funnel.pipelines.dense.vectors import parse_memory_budget
         dense_memory_budget = parse_memory_budget(dense_memory_budget)  # a bad size fails before any work
     t0 = time.time()
     timings = {}
-    from funnel.pipelines.fields import ACL_ABSENT, parse_declaration
+    from funnel.pipelines.sources.fields import ACL_ABSENT, parse_declaration
     if acl_absent not in ACL_ABSENT:
         raise ValueError(f"unknown --acl-absent {acl_absent!r}; choose one of {', '.join(ACL_ABSENT)}")
     spec = CorpusSpec(path=corpus, format=fmt, id_field=id_field, title_field=title_field,
                       text_field=text_field, **(limits or {}), fields=parse_declaration(fields),
                       include=tuple(include or ()), exclude=tuple(exclude or ()), follow_links=follow_links)
     chunks = plan_chunks(spec, target_bytes=chunk_bytes)
-    from funnel.pipelines.folder import listing_summary
+    from funnel.pipelines.sources.folder import listing_summary
     files_info = listing_summary(chunks)  # readable, skipped and hidden files of a folder corpus, else None
     nbytes = corpus_bytes(spec)
     requested_shards = shards
@@ -670,7 +670,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                                        SHARD_TARGET_BYTES if shard_mib is None else shard_mib << 20)
     engine_name, engine_why = choose_engine(engine, nbytes, shards, num_cpus)
     if dense:
-        from funnel.pipelines.embed import RUNTIME_CHOICES
+        from funnel.pipelines.dense.embed import RUNTIME_CHOICES
         if embed_runtime not in RUNTIME_CHOICES:
             raise ValueError(f"unknown --embed-runtime {embed_runtime!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
         if not (embed_model or "").startswith("openai:"):
@@ -725,7 +725,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                 first = [json.loads(line) for _, line in zip(range(3), f)]
             raise BuildError(f"--strict: {n_rejects} rows rejected (first: {first}); nothing published")
         if n_docs == 0 and n_rejects == 0:  # only blank lines: nothing to reject, nothing to keep
-            from funnel.pipelines.corpus import empty_corpus_message
+            from funnel.pipelines.sources.corpus import empty_corpus_message
             raise BuildError(empty_corpus_message(spec))
         if n_docs == 0:
             with open(os.path.join(staging, "rejects.jsonl"), encoding="utf-8") as f:
@@ -752,13 +752,13 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
                         [os.path.join(edir, f"docs-{s:04d}.parquet") for s in range(shards)])
             timings["enrich"] = round(time.time() - t, 2)
         global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
-        write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
+        write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.lexical.stats)
         for s in range(shards):
             finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl,
                            packed=postings == "packed")
         del global_terms, df, cf
-        write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
-        from funnel.pipelines.fields import write_columns  # filterable fields as columns per shard
+        write_doc_ids(staging, shards)  # every doc_id and its rank in doc_id order (pipelines.store.docorder)
+        from funnel.pipelines.sources.fields import write_columns  # filterable fields as columns per shard
         t = time.time()
         fields_section = write_columns(staging, shards, spec.fields, acl_absent)
         timings["fields"] = round(time.time() - t, 2)
@@ -768,7 +768,7 @@ def build(corpus: str, out: str, shards: int | None = None, strict: bool = False
             "corpus": {"source": corpus, "spec": spec.to_dict(),
                        "fingerprint": combine_fingerprints([r["fingerprint_sum"] for r in shard_rows]),
                        "n_docs": n_docs, "n_rejects": n_rejects,
-                       **({"files": files_info} if files_info else {})},  # a folder's counts (pipelines.folder)
+                       **({"files": files_info} if files_info else {})},  # a folder's counts (pipelines.sources.folder)
             "analyzer": analyzer.describe(),
             "bm25": {"k1": 0.9, "b": 0.4, "length_norm": "lucene-byte4",
                      "document": "title + '\\n' + text (Pyserini BEIR flat)"},
@@ -868,7 +868,7 @@ def add_folder_arguments(p, reindex: bool = False) -> None:
 
 def add_limit_arguments(p) -> None:
     """The bounds on every corpus row (a row over one is a reject naming the field and the limit)."""
-    from funnel.pipelines.limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_FIELD_BYTES, DEFAULT_MAX_ROW_BYTES
+    from funnel.pipelines.sources.limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_FIELD_BYTES, DEFAULT_MAX_ROW_BYTES
     p.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH,
                    help="deepest nesting of a field's value ([] and {}) in a row")
     p.add_argument("--max-field-mib", type=float, default=DEFAULT_MAX_FIELD_BYTES / (1 << 20),
@@ -933,7 +933,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sentence-transformers model (name or local path), or openai:MODEL@BASE_URL for "
                         "an OpenAI-compatible /v1/embeddings endpoint (default: all-MiniLM-L6-v2)")
     p.add_argument("--embed-batch-size", type=int, default=64, help="documents per embedding batch")
-    from funnel.pipelines.embed import RUNTIME_CHOICES
+    from funnel.pipelines.dense.embed import RUNTIME_CHOICES
     p.add_argument("--embed-runtime", choices=tuple(RUNTIME_CHOICES), default="auto",
                    help="where a local embedding model runs: auto is torch on a GPU and onnxruntime int8 on a CPU "
                         "(faster than torch there; its index is queried with int8); onnx is onnxruntime fp32, the "
@@ -1064,7 +1064,7 @@ def enrich_settings_from_args(a: argparse.Namespace):
 def passage_settings_from_args(a: argparse.Namespace):
     """``--passages``, ``--passage-tokens``, ``--passage-overlap`` as PassageSettings (a bad
     value fails here, before any work, with the valid range)."""
-    from funnel.pipelines.passages import PassageSettings
+    from funnel.pipelines.dense.passages import PassageSettings
     return PassageSettings(enabled=getattr(a, "passages", "on") == "on",
                            overlap=getattr(a, "passage_overlap", 0.15), window=getattr(a, "passage_tokens", None),
                            split_above=getattr(a, "passage_split_above", 4.0))

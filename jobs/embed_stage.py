@@ -14,7 +14,7 @@ Document embeddings are cached by (content hash, model fingerprint), so a rebuil
 reindex or a CI rerun re-embeds only what changed.
 
 The vectors come back to the driver as the actors produce them and are appended to one spill
-file per shard (``pipelines.vectors.VectorSpool``), so the stage holds a batch at a time and
+file per shard (``pipelines.dense.vectors.VectorSpool``), so the stage holds a batch at a time and
 then one shard at a time, never the corpus (a Ray Data group-by did, in its aggregators).
 They would reach the driver's disk in the end anyway: that is where the FAISS shards are
 built and published, whether or not the workers share it.
@@ -44,7 +44,7 @@ def provider_spec(embed_model: str | None, batch_size: int, gpu: bool | None, ru
     process (the device it has). ``runtime`` (``--embed-runtime``, a ``RUNTIME_CHOICES`` name):
     ``auto`` is torch on a GPU and ``CPU_RUNTIME`` (onnxruntime) on a CPU; with ``gpu`` None,
     ``make_provider`` resolves it where the model loads."""
-    from funnel.pipelines.embed import CPU_RUNTIME, RUNTIME_CHOICES
+    from funnel.pipelines.dense.embed import CPU_RUNTIME, RUNTIME_CHOICES
     if runtime not in RUNTIME_CHOICES:
         raise ValueError(f"unknown --embed-runtime {runtime!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
     model = embed_model or DEFAULT_MODEL
@@ -82,7 +82,7 @@ def _counted_embed_cls():
     """``EmbedBatch`` that adds each batch to the build's progress counter (``jobs.progress_counter``)."""
     import ray
 
-    from funnel.pipelines.embed import EmbedBatch
+    from funnel.pipelines.dense.embed import EmbedBatch
 
     class CountedEmbedBatch(EmbedBatch):
         def __init__(self, provider_spec: dict, cache_dir: str | None = None, counter=None,
@@ -150,7 +150,7 @@ def embed_dataset(ds, spec: dict, *, batch_size: int, n_actors: int, actor_resou
     """
     import ray
 
-    from funnel.pipelines.embed import TokenizeBatch
+    from funnel.pipelines.dense.embed import TokenizeBatch
 
     if tokenizer is not None:
         ds = ds.map_batches(TokenizeBatch, fn_constructor_kwargs={"tokenizer_spec": tokenizer,
@@ -201,7 +201,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
                     memory_budget: int | None = None, runtime: str = "auto") -> dict:
     """Embed ``staging/docs`` into ``staging/dense``; returns the manifest's ``dense`` section.
 
-    ``passages`` (`funnel.pipelines.passages.PassageSettings`, default: on) splits each
+    ``passages`` (`funnel.pipelines.dense.passages.PassageSettings`, default: on) splits each
     document into passages first (a map stage, ``split_batch``): one vector per passage, their
     spans in ``staging/passages``. Disabled, each document is embedded whole (its first window).
 
@@ -221,9 +221,9 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     """
     import ray
 
-    from funnel.pipelines.embed import make_provider
+    from funnel.pipelines.dense.embed import make_provider
     from funnel.pipelines.progress import ProgressLog, Status
-    from funnel.pipelines.vectors import VectorSpool, build_dense_index
+    from funnel.pipelines.dense.vectors import VectorSpool, build_dense_index
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -242,7 +242,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     # On GPUs, tokenisation is a CPU stage of its own (the GPU actors would otherwise wait on it).
     tokenizer = getattr(probe, "tokenizer_spec", lambda: None)() if gpus > 0 else None
     document_prompt = probe.document_prompt
-    from funnel.pipelines.passages import PassageSettings, passages_manifest, split_batch, splitter_spec
+    from funnel.pipelines.dense.passages import PassageSettings, passages_manifest, split_batch, splitter_spec
     passages = passages if passages is not None else PassageSettings()
     split = splitter_spec(probe, passages) if passages.enabled else None
     del probe
@@ -295,7 +295,7 @@ def run_dense_stage(staging: str, shards: int, embed_model: str | None, batch_si
     if split is not None:
         info["passages"] = passages_manifest(split, n_docs)
     if cache_dir is not None:
-        from funnel.pipelines.embed import EmbeddingCache, default_cache_root
+        from funnel.pipelines.dense.embed import EmbeddingCache, default_cache_root
         root = default_cache_root() if cache_dir == "default" else cache_dir
         EmbeddingCache(root, fingerprint).compact()  # one segment instead of one per batch
     return info

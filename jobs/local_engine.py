@@ -32,7 +32,7 @@ log = logging.getLogger("funnel.build")
 ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
 _ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
                          ("content_hash", pa.string()), ("chunk", pa.int64()), ("line", pa.int64()),
-                         ("fields", pa.string())])  # fields: the row's other fields as JSON (pipelines.fields)
+                         ("fields", pa.string())])  # fields: the row's other fields as JSON (pipelines.sources.fields)
 
 
 def _write_chunk_rejects(work: str, chunk, res) -> None:
@@ -46,7 +46,7 @@ def _write_chunk_rejects(work: str, chunk, res) -> None:
 def split_by_shard(rows: list[dict], n_shards: int) -> list[pa.Table]:
     """A chunk's valid rows as one table per shard (``ROW_COLUMNS``; an empty table where the
     chunk has no row of that shard), in chunk order."""
-    from funnel.pipelines.corpus import shard_of
+    from funnel.pipelines.sources.corpus import shard_of
     by_shard: list[list[dict]] = [[] for _ in range(n_shards)]
     for r in rows:
         by_shard[shard_of(r["doc_id"], n_shards)].append(r)
@@ -55,7 +55,7 @@ def split_by_shard(rows: list[dict], n_shards: int) -> list[pa.Table]:
 
 def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None:
     """Write a chunk's valid rows to ``work/rows/shard-NNNN/chunk-NNNNNN.parquet``, per shard."""
-    from funnel.pipelines.shard import shard_name
+    from funnel.pipelines.lexical.shard import shard_name
     for s, table in enumerate(split_by_shard(rows, n_shards)):
         if table.num_rows:
             d = os.path.join(work, "rows", shard_name(s))
@@ -66,7 +66,7 @@ def _spill(work: str, chunk_index: int, rows: list[dict], n_shards: int) -> None
 def _shard_rows(work: str, shard: int) -> pa.Table:
     """The spilled rows of ``shard`` as one Arrow table, in chunk order (an empty table for a
     shard without rows)."""
-    from funnel.pipelines.shard import shard_name
+    from funnel.pipelines.lexical.shard import shard_name
     d = os.path.join(work, "rows", shard_name(shard))
     files = sorted(os.listdir(d)) if os.path.isdir(d) else []
     if not files:
@@ -82,9 +82,9 @@ def run_lexical(chunks: list, spec, n_shards: int, staging: str, work: str, anal
     per-chunk and per-shard reject files under ``work/rejects``. Every shard in
     ``range(n_shards)`` is built, an empty one too.
     """
-    from funnel.pipelines.analysis import AnalyzerConfig
-    from funnel.pipelines.corpus import read_chunk
-    from funnel.pipelines.shard import index_shard_docs, shard_summary, write_shard_docs
+    from funnel.pipelines.lexical.analysis import AnalyzerConfig
+    from funnel.pipelines.sources.corpus import read_chunk
+    from funnel.pipelines.lexical.shard import index_shard_docs, shard_summary, write_shard_docs
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
     done = {"chunks": 0, "docs": 0, "rejects": 0, "indexed": 0, "shards": 0}
@@ -134,10 +134,10 @@ def run_dense(staging: str, n_shards: int, embed_model: str | None, batch_size: 
     last passage is: a batch of long documents holds thousands of passages, minutes of work.
     """
     from funnel.jobs.embed_stage import provider_spec, runtime_label
-    from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
-    from funnel.pipelines.passages import PassageSettings, embed_passages, passages_manifest, splitter_spec
-    from funnel.pipelines.shard import shard_name
-    from funnel.pipelines.vectors import build_dense_index, write_dense_shard, write_passage_shard
+    from funnel.pipelines.dense.embed import EmbedBatch, EmbeddingCache, default_cache_root
+    from funnel.pipelines.dense.passages import PassageSettings, embed_passages, passages_manifest, splitter_spec
+    from funnel.pipelines.lexical.shard import shard_name
+    from funnel.pipelines.dense.vectors import build_dense_index, write_dense_shard, write_passage_shard
 
     embed = EmbedBatch(provider_spec(embed_model, batch_size, gpu=None, runtime=runtime), cache_dir)
     fingerprint = embed.provider.fingerprint()
@@ -217,10 +217,10 @@ def run_enrich(staging: str, work: str, n_shards: int, settings, analyzer_cfg: d
     """
     import duckdb
 
-    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
     from funnel.pipelines.enrich import (EnrichClient, EnrichmentCache, default_cache_root, filter_phrase,
                                          injection_terms, ngram_doc_freq, propose_documents, windows)
-    from funnel.pipelines.shard import flat_document, rebuild_lexical_shard, shard_name
+    from funnel.pipelines.lexical.shard import flat_document, rebuild_lexical_shard, shard_name
 
     cfg = AnalyzerConfig(stopwords=analyzer_cfg["stopwords"], stemmer=analyzer_cfg["stemmer"])
     analyzer = Analyzer(cfg)

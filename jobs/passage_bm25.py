@@ -1,7 +1,7 @@
 """The passage BM25 stage of a build or reindex (``--bm25-passages``): wiring only.
 
 After the dense stage has written ``passages/shard-NNNN.parquet``, each shard's passages
-become corpus rows (``funnel.pipelines.passage_bm25.passage_table``) in Parquet files under
+become corpus rows (``funnel.pipelines.lexical.passage_bm25.passage_table``) in Parquet files under
 the build's work folder, one shard at a time (memory follows a shard, as in the dense
 stage); the ordinary build (``build_index.build``: read, analyze, DF reduce, postings)
 indexes them into a throwaway root there, and its published version folder moves into the
@@ -27,9 +27,9 @@ def write_passage_corpus(staging: str, n_shards: int, out_dir: str) -> int:
     ``staging`` that has passages; the number of passages written."""
     import pyarrow.parquet as pq
 
-    from funnel.pipelines.passage_bm25 import passage_table
-    from funnel.pipelines.passages import read_passages
-    from funnel.pipelines.shard import shard_name
+    from funnel.pipelines.lexical.passage_bm25 import passage_table
+    from funnel.pipelines.dense.passages import read_passages
+    from funnel.pipelines.lexical.shard import shard_name
 
     os.makedirs(out_dir, exist_ok=True)
     total = 0
@@ -60,8 +60,8 @@ def run_passage_bm25(staging: str, work: str, n_shards: int, *, engine: str = "l
     ``limits`` are the parent's row bounds (a passage is never larger than its document).
     """
     from funnel.jobs.build_index import BuildError, build
-    from funnel.pipelines.artifacts import load_manifest
-    from funnel.pipelines.passage_bm25 import SUBDIR
+    from funnel.pipelines.store.artifacts import load_manifest
+    from funnel.pipelines.lexical.passage_bm25 import SUBDIR
 
     corpus = os.path.join(work, "bm25-passages-corpus")
     root = os.path.join(work, "bm25-passages-root")

@@ -10,7 +10,7 @@ and changed ones, drops deleted ones, recomputes the global statistics (DF reduc
 DuckDB, N, avgdl) and the FAISS shards, and publishes a new version atomically with the
 live one as its parent. The new version is the one a full build of the new corpus would
 publish: the same documents, local ids, postings, statistics and vectors, file for file.
-Fields and ACLs (``pipelines/fields.py``) are diffed too: a document whose text is the same
+Fields and ACLs (``pipelines/sources/fields.py``) are diffed too: a document whose text is the same
 and whose fields are not is neither analyzed nor embedded; its stored row and the field
 columns are rewritten (the schema declared at build, or inferred again over the new corpus).
 Where no text changed at all (an ACL revoked, a label moved), the statistics, vocabulary, doc
@@ -121,8 +121,8 @@ def _live_version(root: str) -> tuple[str, str, dict]:
 
     A remote root's live version is read from its verified copy in the local cache.
     """
-    from funnel.pipelines import remote
-    from funnel.pipelines.artifacts import IndexFormatError, read_current, verify_version
+    from funnel.pipelines.store import remote
+    from funnel.pipelines.store.artifacts import IndexFormatError, read_current, verify_version
     if remote.is_remote(root):
         vdir, manifest = remote.fetch_version(root, verify="full")
         return os.path.basename(vdir), vdir, manifest
@@ -142,7 +142,7 @@ def _live_version(root: str) -> tuple[str, str, dict]:
 
 
 def _check_reusable(manifest: dict, vdir: str) -> None:
-    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.lexical.analysis import Analyzer
     live, now = manifest.get("analyzer") or {}, Analyzer().describe()
     if live.get("fingerprint") != now["fingerprint"]:
         raise BuildError(f"{vdir} was analyzed with {live} and this funnel analyzes with {now}: its postings "
@@ -168,7 +168,7 @@ def _embed_spec(manifest: dict, embed_model: str | None, batch_size: int, gpu: b
     fingerprint names none), so the new vectors join the reused ones from the same runtime.
     """
     from funnel.jobs.embed_stage import DEFAULT_MODEL, provider_spec
-    from funnel.pipelines.embed import runtime_name
+    from funnel.pipelines.dense.embed import runtime_name
     live_fp = (manifest.get("dense") or {}).get("fingerprint")
     runtime = "auto"
     if embed_model is None and live_fp:
@@ -192,8 +192,8 @@ def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, default_cache_root
-    from funnel.pipelines.vectors import write_dense_shard
+    from funnel.pipelines.dense.embed import EmbedBatch, EmbeddingCache, default_cache_root
+    from funnel.pipelines.dense.vectors import write_dense_shard
     cache = None
     if fingerprint is not None and cache_dir is not None:
         cache = EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint)
@@ -205,8 +205,8 @@ def _embed_delta_local(delta_dir: str, out_dir: str, spec: dict, cache_dir: str 
         local = t.column("local_id").to_numpy()
         cols = {c: np.asarray(t.column(c).to_pylist(), dtype=object) for c in ("title", "text", "content_hash")}
         if passages is not None and passages.enabled:
-            from funnel.pipelines.passages import embed_passages, splitter_spec
-            from funnel.pipelines.vectors import write_passage_shard
+            from funnel.pipelines.dense.passages import embed_passages, splitter_spec
+            from funnel.pipelines.dense.vectors import write_passage_shard
             eb = eb or EmbedBatch(spec, cache_dir)
             split = splitter_spec(eb.provider, passages)
             cols["local_id"] = local.astype(np.int64)
@@ -239,7 +239,7 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
     import ray
 
     from funnel.jobs.embed_stage import _counted_embed_cls, gpu_actors
-    from funnel.pipelines.vectors import VectorSpool
+    from funnel.pipelines.dense.vectors import VectorSpool
     counter = progress_counter()
     gpus = _ray_gpus()
     if gpus > 0:
@@ -248,8 +248,8 @@ def _embed_delta_ray(delta_dir: str, out_dir: str, spec: dict, cache_dir: str | 
         n_actors, res = max(1, min(int(ray.cluster_resources().get("CPU", 1)), 8)), {"num_cpus": 0.5}
     n_actors = max(1, min(n_actors, -(-n_rows // batch_size)))
     ds = ray.data.read_parquet(delta_dir).repartition(max(1, min(4 * n_actors, -(-n_rows // batch_size))))
-    if split is not None:  # a row per passage from here on (pipelines.passages.split_batch)
-        from funnel.pipelines.passages import split_batch
+    if split is not None:  # a row per passage from here on (pipelines.dense.passages.split_batch)
+        from funnel.pipelines.dense.passages import split_batch
         ds = ds.map_batches(split_batch, fn_kwargs={"spec": split}, batch_size=batch_size, batch_format="numpy")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
@@ -284,14 +284,14 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
 
     The FAISS shards are always rebuilt from the vectors, under the live version's memory
     budget (``memory_budget``): a corpus that grows past it gets IVF-PQ, one that shrinks
-    below it IVF-Flat again (``pipelines.vectors.build_dense_index``).
+    below it IVF-Flat again (``pipelines.dense.vectors.build_dense_index``).
 
     ``passages`` (PassageSettings): split as the live version did (``live_passages``, its
     manifest section), or by these settings where nothing of the live version is reused."""
     import numpy as np
 
-    from funnel.pipelines.reindex import assemble_passages, assemble_vectors
-    from funnel.pipelines.vectors import build_dense_index, write_dense_shard, write_passage_shard
+    from funnel.pipelines.store.reindex import assemble_passages, assemble_vectors
+    from funnel.pipelines.dense.vectors import build_dense_index, write_dense_shard, write_passage_shard
     delta_dir, emb_dir = os.path.join(work, "delta"), os.path.join(work, "delta-emb")
     n_delta = sum(r["to_embed"] for r in shard_rows)
     embedded, rows, fingerprint = 0, 0, live_fp if reuse_live else None
@@ -299,8 +299,8 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
     section = {**live_passages} if on and reuse_live and live_passages else None
     split = None  # the splitter's spec, where Ray's tasks need it or the section is new
     if on and (section is None or (n_delta and executor == "ray")):
-        from funnel.pipelines.embed import make_provider
-        from funnel.pipelines.passages import passages_manifest, splitter_spec
+        from funnel.pipelines.dense.embed import make_provider
+        from funnel.pipelines.dense.passages import passages_manifest, splitter_spec
         probe = make_provider(spec)
         split = splitter_spec(probe, passages)
         section = section or passages_manifest(split)
@@ -314,7 +314,7 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
             rows, embedded, fingerprint = _embed_delta_local(delta_dir, emb_dir, spec, cache_dir, batch_size,
                                                              fingerprint, passages)
     if fingerprint is None:  # Ray embedded it (or nothing was): ask the model once, here
-        from funnel.pipelines.embed import make_provider
+        from funnel.pipelines.dense.embed import make_provider
         fingerprint = make_provider(spec).fingerprint()
     dim = int(fingerprint["dim"])
     dense_dir = os.path.join(staging, "dense")
@@ -334,7 +334,7 @@ def _dense_stage(staging: str, work: str, shard_rows: list[dict], spec: dict, li
     if on:
         info["passages"] = {**section, "n_docs": sum(int(r["n_docs"]) for r in shard_rows)}
     if cache_dir is not None and embedded:
-        from funnel.pipelines.embed import EmbeddingCache, default_cache_root
+        from funnel.pipelines.dense.embed import EmbeddingCache, default_cache_root
         EmbeddingCache(default_cache_root() if cache_dir == "default" else cache_dir, fingerprint).compact()
     reused = sum(r["vectors_reused"] for r in shard_rows)
     log.info("dense: %d vectors reused from the live version, %d from the embedding cache, %d embedded",
@@ -484,15 +484,15 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
         Nothing to publish (every row rejected, ``--strict``), or the live version
         cannot be reused (another analyzer): run a full build.
     """
-    from funnel.pipelines import remote
-    from funnel.pipelines.analysis import Analyzer
-    from funnel.pipelines.artifacts import new_staging_dir, publish, release_staging
-    from funnel.pipelines.corpus import CorpusSpec, plan_chunks
-    from funnel.pipelines.docorder import write_doc_ids
-    from funnel.pipelines.postings import finalize_shard, is_packed
-    from funnel.pipelines.reindex import reindex_shard, spill_chunk
-    from funnel.pipelines.shard import combine_fingerprints, shard_name
-    from funnel.pipelines.stats import load_vocabulary, reduce_term_stats, write_vocabulary
+    from funnel.pipelines.store import remote
+    from funnel.pipelines.lexical.analysis import Analyzer
+    from funnel.pipelines.store.artifacts import new_staging_dir, publish, release_staging
+    from funnel.pipelines.sources.corpus import CorpusSpec, plan_chunks
+    from funnel.pipelines.store.docorder import write_doc_ids
+    from funnel.pipelines.lexical.postings import finalize_shard, is_packed
+    from funnel.pipelines.store.reindex import reindex_shard, spill_chunk
+    from funnel.pipelines.lexical.shard import combine_fingerprints, shard_name
+    from funnel.pipelines.lexical.stats import load_vocabulary, reduce_term_stats, write_vocabulary
 
     if keep_versions is not None and keep_versions < 1:
         raise ValueError(f"--keep must be at least 1 (the live version is always kept), got {keep_versions}")
@@ -604,13 +604,13 @@ def reindex(index_root: str, corpus: str, dense: bool | None = None, keep_versio
             term_files = [os.path.join(staging, "lexical", shard_name(s), "terms.parquet") for s in range(n_shards)]
             stats = reduce_term_stats(term_files, shard_rows, os.path.join(staging, "stats.duckdb"))
             global_terms, df, cf = load_vocabulary(os.path.join(staging, "stats.duckdb"))
-            write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.stats)
+            write_vocabulary(staging, global_terms, df, cf)  # the copy serving reads (pipelines.lexical.stats)
             packed = any(is_packed(os.path.join(vdir, "lexical", shard_name(s))) for s in range(n_shards))
             for s in range(n_shards):  # in the live version's postings format (plain or packed)
                 finalize_shard(os.path.join(staging, "lexical", shard_name(s)), global_terms, stats.avgdl,
                                packed=packed)
             del global_terms, df, cf
-            write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.docorder)
+            write_doc_ids(staging, n_shards)  # every doc_id and its rank in doc_id order (pipelines.store.docorder)
         timings["copy_live" if only_fields else "df_reduce"] = round(time.time() - t, 2)
         t = time.time()
         fields_section = _fields_stage(staging, n_shards, spec.fields, live)
@@ -691,7 +691,7 @@ def _fields_stage(staging: str, n_shards: int, declared: dict | None, live: dict
     inferred one is inferred again over the new corpus, so a field that appears or whose
     values change type gets the columns a full build of that corpus would give it.
     ``acl_absent`` stays the live version's."""
-    from funnel.pipelines.fields import write_columns
+    from funnel.pipelines.sources.fields import write_columns
     live_section = live.get("fields") or {}
     section = write_columns(staging, n_shards, declared, live_section.get("acl_absent", "public"))
     old, new = live_section.get("schema") or {}, (section or {}).get("schema") or {}
@@ -706,12 +706,12 @@ def _fields_stage(staging: str, n_shards: int, declared: dict | None, live: dict
 def _passage_settings(live: dict):
     """How the new version splits documents: as the live version did (documents whole if its
     vectors are), or the build's default where it has no vectors."""
-    from funnel.pipelines.passages import PassageSettings, settings_from_manifest
+    from funnel.pipelines.dense.passages import PassageSettings, settings_from_manifest
     return settings_from_manifest(live["dense"].get("passages")) if live.get("dense") else PassageSettings()
 
 
 def _fingerprint_of(spec: dict) -> dict:
-    from funnel.pipelines.embed import make_provider
+    from funnel.pipelines.dense.embed import make_provider
     return make_provider(spec).fingerprint()
 
 

@@ -4,7 +4,7 @@
     spark-submit jobs/spark_stats.py --corpus s3://lake/corpus/ --out stats.duckdb
 
 For a corpus that already lives next to a Spark cluster. It computes what a funnel build's
-lexical stages feed into `funnel.pipelines.stats.reduce_term_stats`, with the same
+lexical stages feed into `funnel.pipelines.lexical.stats.reduce_term_stats`, with the same
 pure functions, and writes the file with that same writer, so ``terms(term, df, cf)``,
 ``collection(n_docs, n_docs_nonempty, total_terms, avgdl, n_shards, n_terms)`` and
 ``shards(...)`` equal a build's ``stats.duckdb`` row for row (``tests/test_spark_stats.py``):
@@ -13,7 +13,7 @@ pure functions, and writes the file with that same writer, so ``terms(term, df, 
    groups) and each Spark task reads its chunks with ``read_chunk``, the build's read:
    the same validation, so the same rows are rejected;
 2. per partition (``mapPartitions``) every valid row is analyzed by
-   ``funnel.pipelines.analysis.Analyzer`` over ``title + "\\n" + text`` (the build's
+   ``funnel.pipelines.lexical.analysis.Analyzer`` over ``title + "\\n" + text`` (the build's
    document), leaving (doc_id -> chunk, line, length, term counts);
 3. a ``reduceByKey`` on doc_id keeps the first occurrence of an id in corpus order, as the
    build's shards do (later copies count as duplicate rejects);
@@ -90,8 +90,8 @@ def _read_analyze_fn(spec_dict: dict, analyzer_cfg: dict):
     def run(chunk_dicts):
         from collections import Counter
 
-        from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-        from funnel.pipelines.corpus import Chunk, CorpusSpec, read_chunk
+        from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
+        from funnel.pipelines.sources.corpus import Chunk, CorpusSpec, read_chunk
 
         spec = CorpusSpec(**spec_dict)
         analyzer = Analyzer(AnalyzerConfig(**analyzer_cfg))
@@ -117,7 +117,7 @@ def _first_in_corpus_order(a: tuple, b: tuple) -> tuple:
 
 def _shard_terms_fn(n_shards: int):
     def run(records):
-        from funnel.pipelines.corpus import shard_of
+        from funnel.pipelines.sources.corpus import shard_of
 
         terms: dict[tuple[int, str], list[int]] = {}
         shards: dict[int, list[int]] = {}
@@ -198,9 +198,9 @@ def compute_stats(corpus: str, out: str, master: str | None = None, shards: int 
     the end). Raises `SparkStatsError` when no row is valid (nothing written).
     """
     from funnel.jobs.build_index import choose_shards, corpus_bytes
-    from funnel.pipelines.analysis import Analyzer
-    from funnel.pipelines.corpus import CorpusSpec, plan_chunks
-    from funnel.pipelines.stats import reduce_term_stats
+    from funnel.pipelines.lexical.analysis import Analyzer
+    from funnel.pipelines.sources.corpus import CorpusSpec, plan_chunks
+    from funnel.pipelines.lexical.stats import reduce_term_stats
 
     t0 = time.time()
     timings: dict[str, float] = {}

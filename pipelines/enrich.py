@@ -309,7 +309,7 @@ class EnrichClient:
 
 def default_cache_root() -> str:
     """``$FUNNEL_CACHE/enrichment``, beside the embedding cache (``$FUNNEL_CACHE/embeddings``)."""
-    from .embed import default_cache_root as embed_root
+    from .dense.embed import default_cache_root as embed_root
     return os.path.join(os.path.dirname(embed_root()), "enrichment")
 
 

@@ -12,7 +12,7 @@ filter applies unchanged. A document's score is its best passage's (MaxP): the p
 search goes deep enough that k distinct documents come out of it (`DenseIndex.search_vectors`),
 and the passage that scored is found again from the stored vectors (`DenseIndex.best_passage`).
 
-IVF-PQ (built above the dense memory budget, ``pipelines.vectors``): PQ scores are
+IVF-PQ (built above the dense memory budget, ``pipelines.dense.vectors``): PQ scores are
 approximate, so the search takes a shortlist of ``k_factor`` times the documents wanted and
 re-scores each exactly from the float vectors on disk (``ExactScorer``: MaxP over all its
 passages, from ``dense/emb-NNNN.npy`` memory-mapped). Every returned score is exact, so the
@@ -40,10 +40,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from funnel.pipelines.artifacts import IndexFormatError
-from funnel.pipelines.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name, runtime_name
+from funnel.pipelines.store.artifacts import IndexFormatError
+from funnel.pipelines.dense.embed import FINGERPRINT_FIELDS, EmbeddingProvider, canonical_model_name, runtime_name
 
-# funnel.pipelines.vectors (and with it faiss, ~50 ms) is imported where a dense index is opened
+# funnel.pipelines.dense.vectors (and with it faiss, ~50 ms) is imported where a dense index is opened
 # or searched, not here: a BM25 query that only reads a version's passages (Passages) skips it.
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class DenseIndex:
             Fingerprint mismatch. ``IndexFormatError`` when a shard's size differs from
             the manifest.
         """
-        from funnel.pipelines.vectors import REFINE_K_FACTOR, ExactScorer, read_index
+        from funnel.pipelines.dense.vectors import REFINE_K_FACTOR, ExactScorer, read_index
         fp = manifest_dense.get("fingerprint")
         if fp:
             check_fingerprint(fp, provider.fingerprint())
@@ -282,7 +282,7 @@ class DenseIndex:
         post = mask is not None and 0 < mask.count and mask.count >= POST_FILTER_MIN_SHARE * len(mask.allow)
         if self.depth_factor == 1 and self.scorer is None and not post:
             return self._search_raw(vectors, k, nprobe, mask)
-        from funnel.pipelines.vectors import first_distinct
+        from funnel.pipelines.dense.vectors import first_distinct
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         want = k if self.scorer is None else self.scorer.shortlist(k)
         nq = len(vectors)
@@ -321,7 +321,7 @@ class DenseIndex:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """Merged FAISS search: ``(scores, ids)`` of vectors (passages or documents); with a
         ``mask`` FAISS scores its allowed ids only."""
-        from funnel.pipelines.vectors import search_shards
+        from funnel.pipelines.dense.vectors import search_shards
         threads = self.single_query_threads if len(vectors) == 1 else None
         return search_shards(self.indexes, vectors, k, nprobe=nprobe or self.nprobe, threads=threads,
                              selector=None if mask is None else mask.faiss_selectors(self.shard_ids))
@@ -357,7 +357,7 @@ class Passages:
     """
 
     def __init__(self, spans: list[dict], embeddings: list[np.ndarray]):
-        from funnel.pipelines.passages import doc_pointers
+        from funnel.pipelines.dense.passages import doc_pointers
         self.spans, self.emb = spans, embeddings
         self.ptr = []
         for sp in spans:
@@ -370,7 +370,7 @@ class Passages:
 
     @classmethod
     def open(cls, version_dir: str, shards: list[dict], counts: list[int]) -> "Passages":
-        from funnel.pipelines.passages import read_passages
+        from funnel.pipelines.dense.passages import read_passages
         spans, embs = [], []
         for sh, n in zip(shards, counts):
             s = int(sh["shard"])

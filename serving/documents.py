@@ -6,7 +6,7 @@ What ``get_document``, ``get_documents`` and ``list_documents`` answer in Python
 ``GET /documents/{id}``, ``POST /documents``) and MCP (the tools of the same names):
 
 * **fields** (``fields``): what a document carries besides id, title and text (front matter,
-  path, format, page starts, a corpus's own columns; ``pipelines/fields.py``), selected as
+  path, format, page starts, a corpus's own columns; ``pipelines/sources/fields.py``), selected as
   Elasticsearch's ``_source`` filtering selects: a list of names, or ``"*"`` for all of them.
   The default is none, so an answer is as small as before unless fields are asked for. A name
   no document of the index has is an error listing the names it has. ``acl`` is shown to

@@ -14,7 +14,7 @@ it as they answer a version that cannot be served (HTTP 503, an MCP tool error).
 
 from __future__ import annotations
 
-from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.store.artifacts import IndexFormatError
 
 __all__ = ["SearchError", "ModeUnavailable", "IndexDamaged", "ShardFault"]
 

@@ -3,7 +3,7 @@
 A search may carry a *filter* (the same JSON in Python, HTTP, MCP and the CLI) and run as a
 *principal* (``serving/principals.py``). Both become one `Mask`: which global document
 positions (shards concatenated in docno order) the search may return or read. It is built
-here, once per search, from the index's field columns (``pipelines/fields.py``, memory-mapped
+here, once per search, from the index's field columns (``pipelines/sources/fields.py``, memory-mapped
 per shard, evaluated with vectorized NumPy), and every mode receives the same one:
 
 * BM25 (``serving/lexical/masked.py``) never lets a disallowed document into its top k, and scores
@@ -62,7 +62,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from funnel.pipelines.fields import (ACL_FIELD, DATE_MISSING, MAX_KEYWORD_CHARS, column_files, parse_date,
+from funnel.pipelines.sources.fields import (ACL_FIELD, DATE_MISSING, MAX_KEYWORD_CHARS, column_files, parse_date,
                                      shard_dir)
 
 from .errors import SearchError

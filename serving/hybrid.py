@@ -97,7 +97,7 @@ class DenseMode:
                 if self._dense is None:
                     import os
 
-                    from funnel.pipelines.embed import make_provider
+                    from funnel.pipelines.dense.embed import make_provider
 
                     from .dense import DenseIndex, query_spec
                     m = self.index.manifest["dense"]

@@ -23,17 +23,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from funnel.pipelines import remote
-from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-from funnel.pipelines.docstore import STORE_BLOCK, StoreBlock, StoreDamaged, StoreReader, store_paths
-from funnel.pipelines.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_ids
-from funnel.pipelines.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
+from funnel.pipelines.store import remote
+from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
+from funnel.pipelines.store.docstore import STORE_BLOCK, StoreBlock, StoreDamaged, StoreReader, store_paths
+from funnel.pipelines.store.docorder import DOC_IDS, id_ranks, open_doc_ids, read_doc_ids
+from funnel.pipelines.store.artifacts import (CURRENT, MANIFEST, VERIFY_MODES, IndexFormatError, ReaderLease,
                                         is_version_name, list_versions, read_current, read_stamps, verify_version,
                                         version_parts, write_stamps)
-from funnel.pipelines.postings import load_block_maxima, load_impacts, load_shard
+from funnel.pipelines.lexical.postings import load_block_maxima, load_impacts, load_shard
 from funnel.serving.lexical.packed import PackedShard, PostingsCache, cache_budget, load_postings, own_copy, shared_tf_dtype
-from funnel.pipelines.shard import shard_name
-from funnel.pipelines.stats import Vocabulary, read_terms
+from funnel.pipelines.lexical.shard import shard_name
+from funnel.pipelines.lexical.stats import Vocabulary, read_terms
 
 from .lexical.bm25 import ShardScorer, idf_lucene
 from .errors import IndexDamaged
@@ -103,7 +103,7 @@ def _read_parquet(path: str, columns: list[str], **kw) -> pa.Table:
 #: Bytes of decoded document text a ``DocStore`` keeps (``FUNNEL_DOC_CACHE_MIB``, default 1024).
 DOC_CACHE_BYTES = int(float(os.environ.get("FUNNEL_DOC_CACHE_MIB") or 1024) * 2 ** 20)
 _TEXT_COLUMNS = ("doc_id", "title", "text", "content_hash")
-#: Read with them where the file has it: each document's fields as JSON (``pipelines/fields.py``).
+#: Read with them where the file has it: each document's fields as JSON (``pipelines/sources/fields.py``).
 _FIELDS_COLUMN = "fields"
 
 
@@ -114,7 +114,7 @@ class DocStore:
     """Documents by docno, from ``docs/shard-NNNN.store`` (or ``.parquet``).
 
     Ids load at open; a document's text is read with its stored block (``STORE_BLOCK``
-    documents, ~40 us; pipelines.docstore) the first time it is asked for, or, for a shard
+    documents, ~40 us; pipelines.store.docstore) the first time it is asked for, or, for a shard
     built before the store, with its parquet row group (``DOCS_ROW_GROUP`` rows, ~1.3 ms).
     Decoded blocks and groups stay in an LRU bounded by
     ``cache_bytes`` of their text, so memory does not grow with the corpus (keeping a whole
@@ -149,7 +149,7 @@ class DocStore:
         self._bounds = bounds
         # Position of each document's id in the sorted list of all ids: score ties are broken
         # by doc_id ascending (as Anserini does) with integer compares. The build stores the
-        # ids and their ranks in one memory-mapped file (pipelines.docorder); an index built
+        # ids and their ranks in one memory-mapped file (pipelines.store.docorder); an index built
         # before that reads every doc_id column and sorts them here.
         self._arrow: pa.ChunkedArray | None = None  # every id, in docno order, once read
         stored = os.path.join(version_dir, DOC_IDS)
@@ -537,7 +537,7 @@ class IndexVersion:
     cache warm: 13-20 ms on two cores; 1M synthetic documents, 1.6 GB: ~0.6 s warm, seconds
     cold); ``cached`` (default) does the same but skips a file this host already hashed
     (at publish, or an earlier open) whose size, mtime, ctime, inode and device are
-    unchanged since (``pipelines.artifacts.verify_version``); ``sizes`` checks the
+    unchanged since (``pipelines.store.artifacts.verify_version``); ``sizes`` checks the
     manifest's sha256 and every file's size; ``none`` nothing. What fails at open, or when
     a document file is read later, is an IndexFormatError naming the file. With ``sizes``
     or ``none`` a flipped byte in a postings array goes unseen until it changes or breaks

@@ -16,7 +16,7 @@ as unsigned covers both bounds of a range; the order check compares ``_CHUNK`` p
 at a time), so they cost about two reads of ``docs.npy`` and one of ``tfs.npy`` and no
 allocation proportional to the postings; ``bench/bench_scrub.py`` measures them.
 
-What is checked, per shard (``pipelines.postings`` describes the files):
+What is checked, per shard (``pipelines.lexical.postings`` describes the files):
 
 - ``indptr``: one more entry than ``term_gid``, starting at 0, ending at ``len(docs)``,
   never decreasing;
@@ -50,7 +50,7 @@ import os
 
 import numpy as np
 
-from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.store.artifacts import IndexFormatError
 
 #: Postings per step of the ascending-ids check: its temporary booleans stay in cache
 #: (100K synthetic documents, 12M postings: 3 ms a shard in steps of 1M, 7 ms in one step).
@@ -133,7 +133,7 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
         The version folder and the shard's folder inside it (``lexical/shard-NNNN``), for
         the messages.
     arrays
-        ``pipelines.postings.load_shard``'s arrays.
+        ``pipelines.lexical.postings.load_shard``'s arrays.
     n_docs
         The shard's documents by its ``docs/shard-NNNN.parquet``.
     n_terms
@@ -198,7 +198,7 @@ def check_shard(version_dir: str, shard_rel: str, arrays: dict[str, np.ndarray],
 
 
 def _check_impacts(version_dir: str, shard_rel: str, impacts: tuple[dict, np.ndarray], n_postings: int) -> None:
-    from funnel.pipelines.postings import IMPACT_FILE
+    from funnel.pipelines.lexical.postings import IMPACT_FILE
     rel = f"{shard_rel}/{IMPACT_FILE}"
     key, imp = impacts
     want = key.get("dtype") if isinstance(key, dict) else None
@@ -222,7 +222,7 @@ def _check_impacts(version_dir: str, shard_rel: str, impacts: tuple[dict, np.nda
 
 def _check_blocks(version_dir: str, shard_rel: str, blocks: tuple[dict, tuple[np.ndarray, ...]],
                   indptr: np.ndarray) -> None:
-    from funnel.pipelines.postings import BLOCK_FILES, BLOCK_KEY_FILE
+    from funnel.pipelines.lexical.postings import BLOCK_FILES, BLOCK_KEY_FILE
     key, arrays = blocks
     rels = [f"{shard_rel}/{n}" for n in BLOCK_FILES]
     size = key.get("block") if isinstance(key, dict) else None

@@ -68,7 +68,7 @@ def beir_index(ray_session, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory) -> str:
-    from funnel.pipelines.demo import write_demo_corpus
+    from funnel.pipelines.sources.demo import write_demo_corpus
     p = tmp_path_factory.mktemp("demo") / "corpus.jsonl"
     write_demo_corpus(str(p), max_docs=400)
     return str(p)

@@ -75,7 +75,7 @@ def random_filter(rng: random.Random) -> dict:
 def matches(row: dict, flt: dict) -> bool:
     """The filter language interpreted on one corpus row, in plain Python: the oracle that
     ``serving/filters.py``'s vectorized evaluation is checked against."""
-    from funnel.pipelines.fields import parse_date
+    from funnel.pipelines.sources.fields import parse_date
 
     def cond(name: str, op: str, want) -> bool:
         v = row["_id"] if name == "doc_id" else row.get(name)

@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from funnel.pipelines.analysis import Analyzer, AnalyzerConfig, tokenize_raw
-from funnel.pipelines.porter import porter_stem
+from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig, tokenize_raw
+from funnel.pipelines.lexical.porter import porter_stem
 
 from conftest import need_shared
 
@@ -77,7 +77,7 @@ def test_all_reference_cases():
            if A.analyze(c["input"]) != c["tokens"] or nostem.analyze(c["input"]) != c["tokens_nostem"]
            or tokenize_raw(c["input"]) != c["tokens_raw"]]
     assert bad == []
-    assert sorted(cases["stopwords"]) == sorted(__import__("funnel.pipelines.analysis", fromlist=["x"]).LUCENE_ENGLISH_STOPWORDS)
+    assert sorted(cases["stopwords"]) == sorted(__import__("funnel.pipelines.lexical.analysis", fromlist=["x"]).LUCENE_ENGLISH_STOPWORDS)
     bad_q = [c["query_id"] for c in cases["scifact_test_queries"] if A.analyze(c["input"]) != c["tokens"]]
     assert bad_q == []
 
@@ -112,7 +112,7 @@ def test_per_word_analysis_equals_whole_text_segmentation():
     emoji, CJK, and whitespace of every kind (a mark right after whitespace included)."""
     import random
 
-    from funnel.pipelines.analysis import LUCENE_ENGLISH_STOPWORDS
+    from funnel.pipelines.lexical.analysis import LUCENE_ENGLISH_STOPWORDS
     rng = random.Random(7)
     pieces = ["cell", "Cells", "running", "don't", "O'Neill", "John's", "3.14", "1,000", "U.S.A.", "e-mail",
               "IL-6", "(p<0.05)", "café", "naïve", "ΣΑΣ", "İstanbul", "日本語", "😀", "👩\u200d🔬", "'s", "’s",
@@ -129,7 +129,7 @@ def test_plain_ascii_words_skip_the_segmenter_with_the_same_terms():
     """An ASCII letters-and-digits word is analyzed without the UAX#29 regex (it is one
     segment); its terms must equal the segmenting path's, long words (split at the maximum
     token length) and digits included, with and without stopwords and stemming."""
-    from funnel.pipelines.analysis import _SEGMENT, _segment_tokens
+    from funnel.pipelines.lexical.analysis import _SEGMENT, _segment_tokens
     rng = np.random.default_rng(4)
     alphabet = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
     words = ["".join(rng.choice(alphabet, size=int(n))) for n in rng.integers(1, 12, 3000)]
@@ -149,7 +149,7 @@ def test_runs_of_mid_word_punctuation_segment_as_before_and_end():
     marks, Extend/Format/ZWJ characters and emoji, against the plain segmentation)."""
     import random
 
-    from funnel.pipelines import analysis as A
+    from funnel.pipelines.lexical import analysis as A
 
     an = Analyzer()
     assert an.analyze("·" * 300_000) == []

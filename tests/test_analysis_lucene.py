@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from funnel.pipelines.analysis import Analyzer
+from funnel.pipelines.lexical.analysis import Analyzer
 
 from conftest import need_shared
 

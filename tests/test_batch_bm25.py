@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from funnel.pipelines.analysis import _FINGERPRINT_PROBE, Analyzer, AnalyzerConfig
+from funnel.pipelines.lexical.analysis import _FINGERPRINT_PROBE, Analyzer, AnalyzerConfig
 from funnel.serving import kernels
 
 from conftest import need_shared

@@ -7,7 +7,7 @@ import pytest
 
 from funnel.serving.lexical.bm25 import (BM25Params, ShardScorer, byte4_to_int, idf_lucene, int_to_byte4,
                                  lucene_lengths, norm_bytes)
-from funnel.pipelines.postings import build_postings
+from funnel.pipelines.lexical.postings import build_postings
 
 
 def test_smallfloat_byte4_roundtrip_and_monotone():

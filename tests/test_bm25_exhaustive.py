@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_bm25_pruning import _corpus, _index, _queries, _ranked
 
-from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
-from funnel.pipelines.artifacts import IndexFormatError
-from funnel.pipelines.postings import IMPACT_FILE, IMPACT_KEY_FILE, load_impacts
-from funnel.pipelines.shard import shard_name
+from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
+from funnel.pipelines.store.artifacts import IndexFormatError
+from funnel.pipelines.lexical.postings import IMPACT_FILE, IMPACT_KEY_FILE, load_impacts
+from funnel.pipelines.lexical.shard import shard_name
 from funnel.serving import kernels
 from funnel.serving.lexical import retriever as lexical
 from funnel.serving.lexical.bm25 import BM25Params
@@ -307,7 +307,7 @@ def test_shards_with_uint16_and_int32_tfs_answer_as_the_reference(monkeypatch):
     65,535, as int32. Shards of both widths in one index (a reindex keeps old shards) are read
     at the wider width (``kernels.tf_dtype``) on every kernel path (exhaustive, pruned,
     stored levels) and answer as the NumPy reference; shards all uint16 are mapped as they are."""
-    from funnel.pipelines.postings import narrow_tfs
+    from funnel.pipelines.lexical.postings import narrow_tfs
     monkeypatch.setattr(lexical, "IMPACT_POSTINGS", 0)
     docs, ids, words = _corpus(seed=37, n=900, vocab=400)
     assert narrow_tfs(np.array([1, 65535])).dtype == np.uint16

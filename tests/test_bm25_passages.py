@@ -23,9 +23,9 @@ import pytest
 from funnel.jobs.build_index import BuildError, build
 from funnel.jobs.build_index import main as build_main
 from funnel.jobs.reindex import reindex
-from funnel.pipelines.analysis import Analyzer
-from funnel.pipelines.artifacts import IndexFormatError, read_current, verify_version
-from funnel.pipelines.passages import PassageSettings, read_passages
+from funnel.pipelines.lexical.analysis import Analyzer
+from funnel.pipelines.store.artifacts import IndexFormatError, read_current, verify_version
+from funnel.pipelines.dense.passages import PassageSettings, read_passages
 from funnel.serving.lexical.bm25 import byte4_to_int, int_to_byte4
 from funnel.serving.lexical.retriever import BM25Retriever
 from funnel.serving.lexical.passage_bm25 import PassageBM25

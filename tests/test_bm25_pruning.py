@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from funnel.pipelines.postings import build_postings, term_bounds
+from funnel.pipelines.lexical.postings import build_postings, term_bounds
 from funnel.serving import kernels
 from funnel.serving.lexical.bm25 import BM25Params, ShardScorer, idf_lucene, lucene_lengths
 from funnel.serving.lexical.retriever import BM25Retriever
@@ -309,7 +309,7 @@ def test_queries_below_the_threshold_take_the_pruning_free_kernel(monkeypatch):
     """A query whose terms' df sum stays below ``prune_min_postings`` cannot prune in any
     shard: it goes to ``search_shards_plain`` / ``search_batch_plain`` (so a small corpus
     never compiles pruning or builds block maxima) and gets exactly the pruned path's answer."""
-    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
     docs, ids, words = _corpus(seed=21)
     eager, plain = _index(docs, ids, shards=3), _index(docs, ids, shards=3)
     for r in (eager, plain):  # the fixture's terms are plain words: no stopwords, no stemming
@@ -344,7 +344,7 @@ def test_per_posting_impacts_give_the_grids_answers(monkeypatch, params):
     read it; an index above ``IMPACT_POSTINGS`` computes each from the grid. Both must give
     the same documents, score bits and tie order, per query and in a batch, per-query (k1, b)
     and exact lengths included; only the default and the latest override stay cached."""
-    from funnel.pipelines.analysis import Analyzer, AnalyzerConfig
+    from funnel.pipelines.lexical.analysis import Analyzer, AnalyzerConfig
     from funnel.serving.lexical import retriever as lexical
     docs, ids, words = _corpus(seed=23)
     cached, grid = _index(docs, ids, shards=3), _index(docs, ids, shards=3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from funnel.jobs.build_index import BuildError, build
-from funnel.pipelines.artifacts import LOCK, IndexFormatError, read_current, write_manifest
+from funnel.pipelines.store.artifacts import LOCK, IndexFormatError, read_current, write_manifest
 from funnel.serving.search import SearchError, open_index
 
 from conftest import write_jsonl
@@ -85,7 +85,7 @@ def test_scores_equal_brute_force_reference(demo_corpus, demo_index_4):
     """Oracle: a NumPy brute force over the same analyzed documents, Lucene length norms."""
     import math
     from collections import Counter
-    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.lexical.analysis import Analyzer
     from funnel.serving.lexical.bm25 import lucene_lengths
     a = Analyzer()
     docs = [json.loads(l) for l in open(demo_corpus)]
@@ -185,7 +185,7 @@ def test_new_version_is_published_atomically_and_picked_up(ray_session, tmp_path
     assert sorted(d for d in os.listdir(root) if d.startswith("v")) == ["v000002", "v000003"]
     import gc as pygc
 
-    from funnel.pipelines.artifacts import gc as index_gc
+    from funnel.pipelines.store.artifacts import gc as index_gc
     del ix
     pygc.collect()
     index_gc(root, keep=1)
@@ -248,7 +248,7 @@ def test_build_records_which_ray_ran_it(ray_session, tmp_path):
 
 
 def test_shard_build_reports_progress_for_every_document(tmp_path):
-    from funnel.pipelines.shard import PROGRESS_EVERY, build_lexical_shard
+    from funnel.pipelines.lexical.shard import PROGRESS_EVERY, build_lexical_shard
     n = 2 * PROGRESS_EVERY + 7
     rows = {"doc_id": [f"d{i}" for i in range(n)], "title": [""] * n, "text": [f"word{i % 50} text" for i in range(n)],
             "content_hash": [f"{i:032x}" for i in range(n)], "chunk": [0] * n, "line": list(range(1, n + 1))}

@@ -11,8 +11,8 @@ import pytest
 
 from funnel.jobs.build_index import (LOCAL_MAX_BYTES, RAY_FIXED_SECONDS, SHARD_TARGET_BYTES, BuildError, build,
                                      choose_engine, choose_shards, corpus_bytes)
-from funnel.pipelines.artifacts import read_current
-from funnel.pipelines.corpus import CorpusSpec
+from funnel.pipelines.store.artifacts import read_current
+from funnel.pipelines.sources.corpus import CorpusSpec
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl

@@ -25,7 +25,7 @@ import pytest
 from funnel.jobs.build_index import FAULT_ENV, BuildError, build, choose_worker_files
 from funnel.jobs import worker_files
 from funnel.jobs.worker_files import FileReceiver, result_rows
-from funnel.pipelines.artifacts import read_current
+from funnel.pipelines.store.artifacts import read_current
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl

@@ -19,8 +19,8 @@ import pytest
 from conftest import write_jsonl
 
 from funnel.jobs.build_index import BuildError, build, corpus_bytes
-from funnel.pipelines.artifacts import LOCK, gc, read_current
-from funnel.pipelines.corpus import (COMPRESSED_MAX_CHUNKS, CorpusError, CorpusSpec, _read_compressed,
+from funnel.pipelines.store.artifacts import LOCK, gc, read_current
+from funnel.pipelines.sources.corpus import (COMPRESSED_MAX_CHUNKS, CorpusError, CorpusSpec, _read_compressed,
                                      plan_chunks)
 from funnel.serving.search import open_index
 
@@ -73,7 +73,7 @@ def test_depth_is_counted_outside_strings_and_up_to_the_limit(tmp_path):
     spec = CorpusSpec(write_jsonl(tmp_path / "c.jsonl", [at_limit, over]))
     rows, rejects = [], []
     for c in plan_chunks(spec):
-        from funnel.pipelines.corpus import read_chunk
+        from funnel.pipelines.sources.corpus import read_chunk
         res = read_chunk(c, spec)
         rows += res.rows
         rejects += res.rejects

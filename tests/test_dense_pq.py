@@ -1,5 +1,5 @@
 """The dense memory budget: above it the build writes IVF-PQ and serving re-scores the PQ
-shortlist exactly from the float vectors on disk (``pipelines.vectors``, ``serving.dense``).
+shortlist exactly from the float vectors on disk (``pipelines.dense.vectors``, ``serving.dense``).
 
 Tier 2 against exhaustive MaxP scoring (NumPy over every passage): every returned document
 carries its exact MaxP score, in exact-score order, and with a shortlist as deep as the
@@ -19,8 +19,8 @@ import types
 import numpy as np
 import pytest
 
-from funnel.pipelines.artifacts import VERIFIED, IndexFormatError, load_manifest, read_current, verify_version
-from funnel.pipelines.vectors import (DEFAULT_MEMORY_BUDGET, ExactScorer, build_dense_index, choose_pq,
+from funnel.pipelines.store.artifacts import VERIFIED, IndexFormatError, load_manifest, read_current, verify_version
+from funnel.pipelines.dense.vectors import (DEFAULT_MEMORY_BUDGET, ExactScorer, build_dense_index, choose_pq,
                                       flat_list_bytes, parse_memory_budget, write_passage_shard)
 from funnel.serving.dense import DenseIndex
 
@@ -160,7 +160,7 @@ def test_the_default_budget_keeps_flat_and_ivf_flat(pq_index, tmp_path):
 def test_too_few_vectors_to_train_pq_stay_exact(tmp_path):
     rng = np.random.default_rng(0)
     v = rng.normal(size=(300, DIM)).astype(np.float32)
-    from funnel.pipelines.vectors import write_dense_shard
+    from funnel.pipelines.dense.vectors import write_dense_shard
     write_dense_shard(str(tmp_path), 0, v / np.linalg.norm(v, axis=1, keepdims=True), np.arange(300))
     assert choose_pq(300, DIM) is None
     info = build_dense_index(str(tmp_path), 1, memory_budget=1024)
@@ -200,7 +200,7 @@ def pq_build(demo_corpus, tmp_path_factory):
     """200 demo documents split into 32-token passages (over a thousand vectors, enough to
     train PQ codes), MiniLM, built in process under a 64 KiB budget."""
     from funnel.jobs.build_index import build
-    from funnel.pipelines.passages import PassageSettings
+    from funnel.pipelines.dense.passages import PassageSettings
     tmp = tmp_path_factory.mktemp("pqbuild")
     corpus = tmp / "c.jsonl"
     with open(demo_corpus) as f, open(corpus, "w") as g:

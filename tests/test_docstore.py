@@ -1,4 +1,4 @@
-"""The document store reads text a stored block at a time (``pipelines/docstore.py``), or a
+"""The document store reads text a stored block at a time (``pipelines/store/docstore.py``), or a
 parquet row group at a time for an index built before the store, and keeps a bounded number
 of decoded blocks or groups: whatever the bound, every document comes back whole and correct.
 Each test runs on both (``kind``): the built index, and a copy without its ``.store`` files."""
@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines.artifacts import DOCS_ROW_GROUP
-from funnel.pipelines.docstore import STORE_BLOCK
+from funnel.pipelines.store.artifacts import DOCS_ROW_GROUP
+from funnel.pipelines.store.docstore import STORE_BLOCK
 from funnel.serving.index import DocStore
 from funnel.serving.result import split_docno
 
@@ -169,7 +169,7 @@ def test_the_build_stores_every_id_and_its_rank_in_doc_id_order(built):
     doc_id column of the parquet files; a document's id also comes with its row group, and
     the ids as Python strs are made only when something needs them all."""
     import pyarrow as pa
-    from funnel.pipelines.docorder import DOC_IDS
+    from funnel.pipelines.store.docorder import DOC_IDS
     from funnel.serving import index as index_mod
     vdir, rows = built
     ids = _ids_in_docno_order(vdir)
@@ -280,8 +280,8 @@ def _copy_version(vdir: str, dest) -> str:
 def test_an_index_without_the_ids_file_sorts_its_ids_at_open(built, tmp_path):
     """A version built before ``ids.arrow`` existed opens as before: it reads the doc_id
     columns and sorts them at open, to the same ranks."""
-    from funnel.pipelines.artifacts import load_manifest, write_manifest
-    from funnel.pipelines.docorder import DOC_IDS
+    from funnel.pipelines.store.artifacts import load_manifest, write_manifest
+    from funnel.pipelines.store.docorder import DOC_IDS
     from funnel.serving.search import open_index
     vdir, _ = built
     root = tmp_path / "old"
@@ -305,8 +305,8 @@ def test_an_index_without_the_ids_file_sorts_its_ids_at_open(built, tmp_path):
                                         (None, "cannot be read")], ids=["short", "not-arrow"])
 def test_a_damaged_ids_file_names_the_file(built, tmp_path, rows, says):
     import pyarrow as pa
-    from funnel.pipelines.artifacts import IndexFormatError
-    from funnel.pipelines.docorder import DOC_IDS, SCHEMA
+    from funnel.pipelines.store.artifacts import IndexFormatError
+    from funnel.pipelines.store.docorder import DOC_IDS, SCHEMA
     vdir, _ = built
     bad = _copy_version(vdir, tmp_path / "v")
     path = os.path.join(bad, DOC_IDS)
@@ -328,7 +328,7 @@ def test_the_store_written_a_slice_at_a_time_is_the_same_bytes(built, tmp_path, 
     (rounded up to whole blocks), so that no Python string per document of the shard is held:
     the store and its block index are byte for byte what the whole table at once writes, and
     what the build published."""
-    from funnel.pipelines.docstore import store_paths, write_store_table
+    from funnel.pipelines.store.docstore import store_paths, write_store_table
     vdir, _ = built
     table = pq.read_table(os.path.join(vdir, "docs", "shard-0000.parquet"))
     for name, rows in (("whole", None), ("sliced", slice_rows)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from funnel.pipelines.embed import (DocumentTokenizer, EmbedBatch, SentenceTransformerProvider, TokenizeBatch,
+from funnel.pipelines.dense.embed import (DocumentTokenizer, EmbedBatch, SentenceTransformerProvider, TokenizeBatch,
                                     length_buckets)
 
 TITLES = ["Rain", "", "Licences", "Long", "Short", "Spaces"]

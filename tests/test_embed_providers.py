@@ -16,7 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from funnel.pipelines.embed import (OpenAIEmbeddingProvider, SentenceTransformerProvider, canonical_model_name,
+from funnel.pipelines.dense.embed import (OpenAIEmbeddingProvider, SentenceTransformerProvider, canonical_model_name,
                                     make_provider, resolve_model)
 
 sys.path.insert(0, os.path.dirname(__file__))

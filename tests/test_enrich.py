@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from funnel.jobs.build_index import BuildError
-from funnel.pipelines.analysis import Analyzer
+from funnel.pipelines.lexical.analysis import Analyzer
 from funnel.pipelines.enrich import (EnrichmentCache, EnrichSettings, filter_phrase, injection_terms,
                                      ngram_doc_freq, parse_keywords, propose_documents)
 

@@ -58,7 +58,7 @@ def test_ray_engine_enriches_like_the_local_engine(ray_session, tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", ROWS)
     cache = str(tmp_path / "cache")
     # fill the cache as an LLM would have, so no endpoint is needed
-    from funnel.pipelines.corpus import content_hash
+    from funnel.pipelines.sources.corpus import content_hash
     from funnel.pipelines.enrich import EnrichmentCache
     s = EnrichSettings("http://127.0.0.1:9/v1", "fake", tau=0.5, max_n=2, timeout=1, retries=0)
     EnrichmentCache(cache, "fake", s.prompt_id).put_many(

@@ -263,7 +263,7 @@ _vocab = ["Running", "runner's", "RUNS", "eyes", "Connection", "connected", "poo
 def test_term_positions_find_every_word_that_analyzes_to_a_query_term(words, query):
     """Only words holding a term's first letters are analyzed: the same positions as analyzing
     every word (the Lucene analyzer's own output is the oracle)."""
-    from funnel.pipelines.analysis import Analyzer
+    from funnel.pipelines.lexical.analysis import Analyzer
     from funnel.serving.answers.passage_rank import term_positions
     analyze = Analyzer().analyze
     text = " ".join(words)

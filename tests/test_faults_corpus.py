@@ -8,7 +8,7 @@ import os
 import pytest
 from conftest import write_jsonl
 
-from funnel.pipelines.corpus import CorpusSpec, plan_chunks, read_chunk
+from funnel.pipelines.sources.corpus import CorpusSpec, plan_chunks, read_chunk
 
 # Lone surrogates are valid JSON ("\ud800" escapes) but not encodable Unicode text.
 SURROGATE_ROWS = [

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from funnel.pipelines.artifacts import (MANIFEST_SUM, IndexFormatError, load_manifest, new_staging_dir, publish,
+from funnel.pipelines.store.artifacts import (MANIFEST_SUM, IndexFormatError, load_manifest, new_staging_dir, publish,
                                         read_current, write_manifest)
 from funnel.serving.index import IndexVersion, VersionFollower
 from funnel.serving.search import Searcher
@@ -100,7 +100,7 @@ def test_index_from_before_manifest_checksums_still_opens(root, caplog):
     with open(os.path.join(v, "manifest.json"), "w") as f:  # as an older funnel wrote it
         json.dump(m, f, indent=2)
     os.unlink(os.path.join(v, MANIFEST_SUM))
-    with caplog.at_level(logging.WARNING, logger="funnel.pipelines.artifacts"):
+    with caplog.at_level(logging.WARNING, logger="funnel.pipelines.store.artifacts"):
         ix = IndexVersion(root)
     assert ix.n_docs == 400
     assert any("published before manifest checksums" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines.artifacts import read_current
+from funnel.pipelines.store.artifacts import read_current
 
 from conftest import write_jsonl
 from test_build import QUERIES

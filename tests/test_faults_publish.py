@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from funnel.pipelines.artifacts import (IndexFormatError, list_versions, load_manifest, new_staging_dir,
+from funnel.pipelines.store.artifacts import (IndexFormatError, list_versions, load_manifest, new_staging_dir,
                                         publish, read_current, release_staging, verify_files)
 
 ROUNDS = 50
@@ -83,7 +83,7 @@ def test_concurrent_publishes_leave_current_on_the_newest_verified_version(tmp_p
 
 _BUILD = textwrap.dedent("""
     import os, sys
-    from funnel.pipelines.artifacts import new_staging_dir, publish
+    from funnel.pipelines.store.artifacts import new_staging_dir, publish
     root = sys.argv[1]
     staging = new_staging_dir(root)
     work = os.path.join(root, ".work-" + os.path.basename(staging).split("-", 1)[1])
@@ -98,7 +98,7 @@ _BUILD = textwrap.dedent("""
 
 _HOLD_ROOT_LOCK = textwrap.dedent("""
     import sys
-    from funnel.pipelines.artifacts import root_lock
+    from funnel.pipelines.store.artifacts import root_lock
     with root_lock(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.readline()
@@ -125,7 +125,7 @@ def _publish_one(root: str) -> str:
 
 
 def test_gc_removes_what_killed_builds_left_and_nothing_a_live_build_needs(tmp_path):
-    from funnel.pipelines.artifacts import gc
+    from funnel.pipelines.store.artifacts import gc
     root = str(tmp_path / "ix")
     for _ in range(4):
         _publish_one(root)
@@ -172,7 +172,7 @@ def test_gc_removes_what_killed_builds_left_and_nothing_a_live_build_needs(tmp_p
 
 
 def test_gc_waits_for_no_publish_and_refuses_bad_keep(tmp_path):
-    from funnel.pipelines.artifacts import gc
+    from funnel.pipelines.store.artifacts import gc
     root = str(tmp_path / "ix")
     _publish_one(root)
     dead = os.path.join(root, ".trash-v000000-0000")
@@ -193,7 +193,7 @@ def test_gc_waits_for_no_publish_and_refuses_bad_keep(tmp_path):
 
 
 def test_gc_keeps_versions_when_current_is_broken(tmp_path):
-    from funnel.pipelines.artifacts import gc
+    from funnel.pipelines.store.artifacts import gc
     root = str(tmp_path / "ix")
     for _ in range(3):
         _publish_one(root)
@@ -222,7 +222,7 @@ def test_publish_refuses_keep_zero_and_replaces_a_bad_current(tmp_path):
 
 _PUBLISH_FOREVER = textwrap.dedent("""
     import os, sys
-    from funnel.pipelines.artifacts import new_staging_dir, publish
+    from funnel.pipelines.store.artifacts import new_staging_dir, publish
     root = sys.argv[1]
     print("started", flush=True)
     while True:
@@ -237,7 +237,7 @@ _PUBLISH_FOREVER = textwrap.dedent("""
 def test_sigkill_while_publishing_leaves_current_verified_and_gc_cleans_up(tmp_path):
     import random
     import time
-    from funnel.pipelines.artifacts import gc
+    from funnel.pipelines.store.artifacts import gc
     root = str(tmp_path / "ix")
     _publish_one(root)
     rng = random.Random(16)

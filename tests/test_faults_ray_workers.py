@@ -29,7 +29,7 @@ import time
 import pytest
 
 from funnel.jobs.build_index import FAULT_ENV
-from funnel.pipelines.demo import demo_documents
+from funnel.pipelines.sources.demo import demo_documents
 
 from conftest import write_jsonl
 from test_build_engines import assert_same_index, assert_same_results

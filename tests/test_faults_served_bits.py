@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from fields_corpus import write_corpus
-from funnel.pipelines.artifacts import IndexFormatError, load_manifest, new_staging_dir, publish, read_current, \
+from funnel.pipelines.store.artifacts import IndexFormatError, load_manifest, new_staging_dir, publish, read_current, \
     read_stamps
 from funnel.serving.errors import IndexDamaged
 from funnel.serving.index import IndexVersion

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fields_corpus import PUBLIC, SHARED, acl_dense_index, matches, random_filter, write_corpus
-from funnel.pipelines import fields as F
+from funnel.pipelines.sources import fields as F
 from funnel.serving import filters
 from funnel.serving.errors import SearchError
 from funnel.serving.lexical.retriever import Scored

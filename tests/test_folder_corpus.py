@@ -18,10 +18,10 @@ import pytest
 
 from funnel.jobs.build_index import build
 from funnel.jobs.reindex import reindex
-from funnel.pipelines import folder as folder_mod
+from funnel.pipelines.sources import folder as folder_mod
 from funnel.pipelines import formats
-from funnel.pipelines.artifacts import load_manifest, read_current
-from funnel.pipelines.corpus import CorpusSpec, plan_chunks, read_chunk
+from funnel.pipelines.store.artifacts import load_manifest, read_current
+from funnel.pipelines.sources.corpus import CorpusSpec, plan_chunks, read_chunk
 from funnel.pipelines.formats.pdf import page_of
 from funnel.serving.search import open_index
 
@@ -215,7 +215,7 @@ def test_over_the_size_bound_is_a_reject(docs_folder, monkeypatch):
     monkeypatch.setattr(folder_mod, "MAX_FILE_BYTES", bound)
     rows, rejects = _rows(docs_folder)
     assert rejects["guide.md"] == (f"file of {bound + 1} bytes is over the {bound} bytes bound of one document "
-                                   "(funnel.pipelines.folder.MAX_FILE_BYTES); split it")
+                                   "(funnel.pipelines.sources.folder.MAX_FILE_BYTES); split it")
     assert "notes/plain.txt" in rows  # smaller than the bound
 
 
@@ -359,7 +359,7 @@ def test_a_folder_on_s3(docs_folder, s3_bucket, tmp_path):
 def test_auto_format_ignores_stray_json_and_refuses_a_mixed_folder(tmp_path):
     """A docs folder with a package.json is a folder of files; data files beside documents
     is ambiguous and the error names --format."""
-    from funnel.pipelines.corpus import resolve_files
+    from funnel.pipelines.sources.corpus import resolve_files
     (tmp_path / "guide.md").write_text("# Guide\n\nInstall it.\n")
     (tmp_path / "package.json").write_text("{}")
     assert resolve_files(CorpusSpec(str(tmp_path)))[2] == "files"

@@ -16,8 +16,8 @@ import os
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines import folder as folder_mod
-from funnel.pipelines.artifacts import load_manifest, read_current
+from funnel.pipelines.sources import folder as folder_mod
+from funnel.pipelines.store.artifacts import load_manifest, read_current
 from funnel.serving.search import open_index
 
 
@@ -174,7 +174,7 @@ def test_a_link_inside_the_folder_to_a_hidden_or_excluded_path_is_not_read(tmp_p
 def test_a_folder_of_data_files_does_not_follow_links_out_either(tmp_path, caplog):
     """The search for JSONL and Parquet files walks the folder the same way: a link out of it
     is not read, and a warning names it (rows have no place for such a reject)."""
-    from funnel.pipelines.corpus import CorpusSpec, resolve_files
+    from funnel.pipelines.sources.corpus import CorpusSpec, resolve_files
     out = _outside(tmp_path)
     (out / "rows.jsonl").write_text(json.dumps({"_id": "x", "text": "outside row"}) + "\n")
     root = tmp_path / "data"

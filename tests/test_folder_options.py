@@ -15,10 +15,10 @@ import pytest
 
 from funnel.jobs.build_index import build
 from funnel.jobs.reindex import describe_report, reindex
-from funnel.pipelines import folder as folder_mod
-from funnel.pipelines.artifacts import list_versions, load_manifest, read_current
-from funnel.pipelines.corpus import CorpusError, CorpusSpec, plan_chunks, resolve_files
-from funnel.pipelines.selection import Rules
+from funnel.pipelines.sources import folder as folder_mod
+from funnel.pipelines.store.artifacts import list_versions, load_manifest, read_current
+from funnel.pipelines.sources.corpus import CorpusError, CorpusSpec, plan_chunks, resolve_files
+from funnel.pipelines.sources.selection import Rules
 from funnel.serving.search import open_index
 
 from test_folder_corpus import make_pdf

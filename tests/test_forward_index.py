@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines.shard import flat_document
+from funnel.pipelines.lexical.shard import flat_document
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl

@@ -207,7 +207,7 @@ def test_concurrent_requests_agree(live_url):
 
 
 def test_new_version_is_picked_up_without_restart(demo_index_1, tmp_path):
-    from funnel.pipelines.artifacts import load_manifest, new_staging_dir, publish, read_current
+    from funnel.pipelines.store.artifacts import load_manifest, new_staging_dir, publish, read_current
     root = str(tmp_path / "ix")
     shutil.copytree(demo_index_1, root)
     v1 = read_current(root)

@@ -98,7 +98,7 @@ def test_errors_module_is_a_leaf():
     # It may import the artifact contract's error (IndexDamaged is an IndexFormatError), which
     # imports nothing of serving; nothing else of funnel.
     assert not any(isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("funnel"))
-                   and n.module != "funnel.pipelines.artifacts" for n in ast.walk(tree))
+                   and n.module != "funnel.pipelines.store.artifacts" for n in ast.walk(tree))
 
 
 def test_errors_are_the_same_classes_from_either_module():

@@ -17,8 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from funnel.pipelines import artifacts
-from funnel.pipelines.artifacts import VERIFIED, IndexFormatError, load_manifest, read_current
+from funnel.pipelines.store import artifacts
+from funnel.pipelines.store.artifacts import VERIFIED, IndexFormatError, load_manifest, read_current
 from funnel.serving.structure import check_shard
 
 SHARD = "lexical/shard-0000"
@@ -74,7 +74,7 @@ def set_npy(vdir: str, rel: str, index: int, value: int) -> None:
 # way the kernels can (exhaustive, exact lengths, block-max pruning, batch); one line each.
 OPEN_AND_SEARCH = r"""
 import sys
-from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.store.artifacts import IndexFormatError
 from funnel.serving.search import Searcher
 
 for root in sys.argv[1:]:

@@ -1,4 +1,4 @@
-"""The embedder on onnxruntime (pipelines/onnx_embed.py): the same vectors as torch's, a search
+"""The embedder on onnxruntime (pipelines/dense/onnx_embed.py): the same vectors as torch's, a search
 process that imports no torch, runtimes that never mix in one index, and the fallback to torch.
 
 One export of the bundled MiniLM serves the whole session (``onnx``): it lands in the ONNX
@@ -16,9 +16,9 @@ import sys
 import numpy as np
 import pytest
 
-from funnel.pipelines.embed import (CPU_RUNTIME, EmbeddingCache, SentenceTransformerProvider, fingerprint_key,
+from funnel.pipelines.dense.embed import (CPU_RUNTIME, EmbeddingCache, SentenceTransformerProvider, fingerprint_key,
                                     make_provider, resolve_model)
-from funnel.pipelines.onnx_embed import OnnxProvider, pool
+from funnel.pipelines.dense.onnx_embed import OnnxProvider, pool
 from funnel.serving.dense import check_fingerprint, query_spec
 
 from conftest import write_jsonl
@@ -92,7 +92,7 @@ def test_int8_loads_a_saved_optimized_graph_with_the_same_vectors(tmp_path):
     optimized at load, which the index's documents may have been embedded with."""
     import onnxruntime as ort
 
-    from funnel.pipelines import onnx_embed
+    from funnel.pipelines.dense import onnx_embed
     int8 = make_provider({"model": "all-MiniLM-L6-v2", "runtime": "onnx", "precision": "int8"})
     exported = os.path.join(int8.dir, "model.int8.onnx")
     opt = onnx_embed.optimized_graph(exported)
@@ -164,7 +164,7 @@ def test_a_model_onnx_cannot_run_falls_back_to_torch_once(tmp_path, caplog, monk
     pooling.unlink()
     pooling.write_text('{"word_embedding_dimension": 384, "pooling_mode_lasttoken": true}')
     spec = {"model": str(model), "runtime": "onnx", "device": "cpu"}
-    with caplog.at_level(logging.WARNING, logger="funnel.pipelines.embed"):
+    with caplog.at_level(logging.WARNING, logger="funnel.pipelines.dense.embed"):
         first, second = make_provider(spec), make_provider(spec)
     assert isinstance(first, SentenceTransformerProvider) and isinstance(second, SentenceTransformerProvider)
     assert (first.fingerprint()["runtime"], first.fingerprint()["precision"]) == ("torch", "fp32")
@@ -245,7 +245,7 @@ def test_warm_loads_the_query_embedder(small_dense):
     """A server's warm-up (VersionSearcher.warm, before it listens) leaves nothing for the first
     hybrid request to load: the dense index is open and its embedder has a session, so that
     request creates no onnxruntime session."""
-    from funnel.pipelines import onnx_embed
+    from funnel.pipelines.dense import onnx_embed
     from funnel.serving.search import open_index
     ix = open_index(small_dense[INT8])
     assert ix.warm() > 0
@@ -260,8 +260,8 @@ def test_progress_counts_passages_as_they_are_embedded(onnx):
     """What the in-process build's progress line reads (issue 49: a dense build of long documents
     showed 0 passages for 24 minutes): embed_passages reports every ``batch_size`` passages, and
     a document where its last passage is embedded, not when its whole batch is."""
-    from funnel.pipelines.embed import EmbedBatch
-    from funnel.pipelines.passages import PassageSettings, embed_passages, splitter_spec
+    from funnel.pipelines.dense.embed import EmbedBatch
+    from funnel.pipelines.dense.passages import PassageSettings, embed_passages, splitter_spec
     embed = EmbedBatch({"model": "all-MiniLM-L6-v2", "runtime": "onnx", "batch_size": 8})
     spec = splitter_spec(embed.provider, PassageSettings(window=32, split_above=1.0))
     long = " ".join(f"word{i} rain cloud" for i in range(120))

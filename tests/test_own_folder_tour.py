@@ -32,7 +32,7 @@ import sys
 import httpx
 import pytest
 
-from funnel.pipelines.artifacts import list_versions, load_manifest, read_current
+from funnel.pipelines.store.artifacts import list_versions, load_manifest, read_current
 from funnel.serving.frontends.http import create_app
 from funnel.serving.frontends.mcp import build_mcp_server
 from funnel.serving.search import open_index

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from fields_corpus import write_corpus
-from funnel.pipelines.artifacts import read_current
+from funnel.pipelines.store.artifacts import read_current
 from funnel.serving.errors import IndexDamaged
 from funnel.serving.kernels.packed import PACK_BLOCK, pack_postings, term_blocks, unpack_terms
 from funnel.serving.search import Searcher
@@ -511,7 +511,7 @@ def test_random_bit_flips_in_packed_files_never_crash(pair, tmp_path, load):
     shutil.copytree(packed, root)
     script = textwrap.dedent(f"""
         import os, random, numpy as np
-        from funnel.pipelines.artifacts import IndexFormatError, read_current
+        from funnel.pipelines.store.artifacts import IndexFormatError, read_current
         from funnel.serving.errors import IndexDamaged
         from funnel.serving.index import IndexVersion
         from funnel.serving.lexical.retriever import BM25Retriever
@@ -562,8 +562,8 @@ def test_a_packed_version_is_format_3_and_an_older_reader_refuses_it_with_a_rebu
     """Format versioning (issue 50, item 5): a packed version is published as format 3, a plain
     one as 2; a funnel that reads only 1 and 2 refuses the packed one, naming the rebuild,
     instead of finding its docs.npy missing."""
-    from funnel.pipelines import artifacts
-    from funnel.pipelines.artifacts import IndexFormatError, load_manifest
+    from funnel.pipelines.store import artifacts
+    from funnel.pipelines.store.artifacts import IndexFormatError, load_manifest
     plain, packed, _ = pair
     assert load_manifest(os.path.join(plain, read_current(plain)))["format_version"] == 2
     assert load_manifest(os.path.join(packed, read_current(packed)))["format_version"] == 3

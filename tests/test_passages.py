@@ -1,4 +1,4 @@
-"""Passage splitting (pipelines/passages.py): hand-built texts (tier 1) and properties (tier 5).
+"""Passage splitting (pipelines/dense/passages.py): hand-built texts (tier 1) and properties (tier 5).
 
 The splitter runs on token spans; these tests use the tokenizer-free counter
 (``regex_token_spans``: words and punctuation marks) so that every expected cut can be
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funnel.pipelines.passages import (PassageSettings, Splitter, check_passages, line_span, passage_input,
+from funnel.pipelines.dense.passages import (PassageSettings, Splitter, check_passages, line_span, passage_input,
                                        passage_key, read_passages, regex_token_spans, split_spans,
                                        write_passages)
 
@@ -127,7 +127,7 @@ def test_a_document_of_a_few_windows_is_embedded_whole_by_default():
     assert split(text, 35) != [(0, len(text))]
     assert split_spans(text, regex_token_spans(text), 35, whole=140) == [(0, len(text))]
     spec = {"tokenizer": "regex", "window": 37, "specials": 2, "prompt": "", "overlap": 0.15}
-    from funnel.pipelines.passages import splitter_from_spec
+    from funnel.pipelines.dense.passages import splitter_from_spec
     assert splitter_from_spec(spec)("", text) == [(0, len(text))]  # the default: 4 windows
     assert len(splitter_from_spec({**spec, "split_above": 1.0})("", text)) == 3
     assert len(splitter_from_spec(spec)("", words(141))) == 5  # past 4 windows: split
@@ -168,8 +168,8 @@ def test_passages_parquet_round_trip_and_order_check(tmp_path):
 
 def test_minilm_splitter_fits_the_model_window():
     """The default embedder's own tokenizer: every passage plus its title fits 256 pieces."""
-    from funnel.pipelines.embed import SentenceTransformerProvider
-    from funnel.pipelines.passages import make_splitter
+    from funnel.pipelines.dense.embed import SentenceTransformerProvider
+    from funnel.pipelines.dense.passages import make_splitter
     provider = SentenceTransformerProvider(device="cpu")
     sp = make_splitter(provider, PassageSettings())
     assert sp.window == 256 and sp.specials == 2
@@ -222,7 +222,7 @@ def test_default_spans_of_a_short_text_skip_the_token_split_and_agree_with_it(te
     punctuation marks fit the window as one passage without listing its tokens; that must be
     what the full split (``split_spans`` over ``regex_token_spans``) gives, on either side
     of the bound."""
-    from funnel.pipelines.passages import DEFAULT_OVERLAP, regex_token_spans, split_spans
+    from funnel.pipelines.dense.passages import DEFAULT_OVERLAP, regex_token_spans, split_spans
     from funnel.serving.answers.citations import default_spans
     want = split_spans(text, regex_token_spans(text), window, DEFAULT_OVERLAP)
     assert default_spans(text, window).tolist() == [list(s) for s in want]

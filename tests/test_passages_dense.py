@@ -13,9 +13,9 @@ import pytest
 
 from funnel.jobs.build_index import build
 from funnel.jobs.reindex import reindex
-from funnel.pipelines.artifacts import read_current
-from funnel.pipelines.passages import PassageSettings, passage_input, read_passages
-from funnel.pipelines.vectors import build_dense_index, write_passage_shard
+from funnel.pipelines.store.artifacts import read_current
+from funnel.pipelines.dense.passages import PassageSettings, passage_input, read_passages
+from funnel.pipelines.dense.vectors import build_dense_index, write_passage_shard
 from funnel.serving.dense import DenseIndex
 from funnel.serving.search import SearchError, open_index
 
@@ -283,8 +283,8 @@ def test_reindex_embeds_only_the_passages_whose_text_changed(ray_session, demo_c
 def test_split_batch_keeps_a_long_document_in_windows():
     """A 25,000-word document becomes ~150 passages, each within the window (the embedder
     then sees them ``batch_size`` at a time: ``embed_passages``)."""
-    from funnel.pipelines.embed import SentenceTransformerProvider
-    from funnel.pipelines.passages import split_batch, splitter_spec
+    from funnel.pipelines.dense.embed import SentenceTransformerProvider
+    from funnel.pipelines.dense.passages import split_batch, splitter_spec
     provider = SentenceTransformerProvider(device="cpu")
     spec = splitter_spec(provider, PassageSettings())
     words = [f"w{i % 997}" for i in range(25_000)]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from funnel.pipelines import postings
-from funnel.pipelines.analysis import Analyzer
-from funnel.pipelines.postings import PostingsBuilder
+from funnel.pipelines.lexical import postings
+from funnel.pipelines.lexical.analysis import Analyzer
+from funnel.pipelines.lexical.postings import PostingsBuilder
 
 
 def _texts(n=400, seed=3):
@@ -107,7 +107,7 @@ def test_inverting_a_shard_does_not_import_numba(tmp_path):
     code = f"""
 import os, sys
 import pyarrow as pa, pyarrow.parquet as pq
-from funnel.pipelines.shard import index_shard_docs
+from funnel.pipelines.lexical.shard import index_shard_docs
 os.makedirs({str(tmp_path)!r} + "/docs")
 rows = {{"title": ["t" + str(i) for i in range(300)], "text": ["alpha beta w" + str(i % 17) for i in range(300)]}}
 pq.write_table(pa.table(rows), {str(tmp_path)!r} + "/docs/shard-0000.parquet", row_group_size=64)

@@ -18,13 +18,13 @@ import sys
 import textwrap
 import time
 
-from funnel.pipelines.artifacts import (READERS, ReaderLease, gc, leased_versions, list_versions, new_staging_dir,
+from funnel.pipelines.store.artifacts import (READERS, ReaderLease, gc, leased_versions, list_versions, new_staging_dir,
                                         publish)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "tiny-beir")
 HOLD = textwrap.dedent("""
     import sys
-    from funnel.pipelines.artifacts import ReaderLease
+    from funnel.pipelines.store.artifacts import ReaderLease
     lease = ReaderLease(sys.argv[1], sys.argv[2])
     print("held", flush=True)
     sys.stdin.readline()

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from funnel.evaluation.trec import tiebreak_run, write_run
 from funnel.jobs.build_index import BuildError, build
 from funnel.jobs.reindex import reindex
-from funnel.pipelines.artifacts import LOCK, VERIFIED, IndexFormatError, list_versions, load_manifest, read_current
-from funnel.pipelines.postings import build_postings
-from funnel.pipelines.reindex import diff_documents, merge_postings
+from funnel.pipelines.store.artifacts import LOCK, VERIFIED, IndexFormatError, list_versions, load_manifest, read_current
+from funnel.pipelines.lexical.postings import build_postings
+from funnel.pipelines.store.reindex import diff_documents, merge_postings
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl
@@ -214,7 +214,7 @@ def test_reindex_equals_a_full_build(executor, index_a, built_b, corpora, tmp_pa
 
 def test_shards_that_empty_and_fill(ray_session, tmp_path):
     """A shard with no documents gets some, another loses all of its own: still the full build."""
-    from funnel.pipelines.corpus import shard_of
+    from funnel.pipelines.sources.corpus import shard_of
     ids = {s: [f"doc{i}" for i in range(200) if shard_of(f"doc{i}", 4) == s][:2] for s in range(4)}
     text = lambda i: {"title": f"T {i}", "text": f"words about topic {i} and gzip json"}  # noqa: E731
     a = write_jsonl(tmp_path / "a.jsonl", [{"_id": d, **text(d)} for s in (0, 1) for d in ids[s]])
@@ -292,9 +292,9 @@ def test_a_damaged_live_version_is_not_reused(index_a, corpora):
     assert list_versions(index_a) == ["v000001"] and _debris(index_a) == []
 
 
-@pytest.mark.parametrize("where", ["funnel.pipelines.reindex.merge_postings",
-                                   "funnel.pipelines.stats.reduce_term_stats",
-                                   "funnel.pipelines.artifacts.write_manifest"])
+@pytest.mark.parametrize("where", ["funnel.pipelines.store.reindex.merge_postings",
+                                   "funnel.pipelines.lexical.stats.reduce_term_stats",
+                                   "funnel.pipelines.store.artifacts.write_manifest"])
 def test_a_failure_mid_reindex_publishes_nothing(where, index_a, corpora, monkeypatch):
     import importlib
     module, name = where.rsplit(".", 1)

@@ -19,7 +19,7 @@ import pytest
 from fields_corpus import write_corpus
 from funnel.jobs.build_index import build
 from funnel.jobs.reindex import reindex
-from funnel.pipelines.artifacts import list_versions, load_manifest, read_current
+from funnel.pipelines.store.artifacts import list_versions, load_manifest, read_current
 from funnel.serving.principals import principal, token_digest
 from funnel.serving.search import open_index
 from test_e2e_processes import free_port, funnel_process, wait_until
@@ -105,7 +105,7 @@ def test_an_acl_change_embeds_nothing_and_serving_follows(acl_dense, tmp_path):
             assert _under(after, part) == _under(before, part) and _under(after, part), part
         assert _under(after, "fields/") != _under(before, "fields/")
         changed = [p for p, h in _under(after, "docs/shard-").items() if before[p] != h]
-        # the one shard's rows: its parquet record and its store (pipelines/docstore.py)
+        # the one shard's rows: its parquet record and its store (pipelines/store/docstore.py)
         assert sorted(changed) == [f"docs/{s}{ext}" for s in {p.split("/")[1].split(".")[0] for p in changed}
                                    for ext in (".parquet", ".store", ".store.npy")]
         assert len(changed) == 3

@@ -19,8 +19,8 @@ import uuid
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines import remote
-from funnel.pipelines.artifacts import MANIFEST, MANIFEST_SUM, IndexFormatError, load_manifest
+from funnel.pipelines.store import remote
+from funnel.pipelines.store.artifacts import MANIFEST, MANIFEST_SUM, IndexFormatError, load_manifest
 from funnel.serving.frontends.cli import main
 from funnel.serving.search import open_index
 

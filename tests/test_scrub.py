@@ -19,8 +19,8 @@ import time
 import httpx
 import pytest
 
-from funnel.pipelines import artifacts
-from funnel.pipelines.artifacts import (VERIFIED, IndexFormatError, load_manifest, new_staging_dir, publish,
+from funnel.pipelines.store import artifacts
+from funnel.pipelines.store.artifacts import (VERIFIED, IndexFormatError, load_manifest, new_staging_dir, publish,
                                         read_current, read_stamps)
 from funnel.serving.frontends.http import create_app
 from funnel.serving.index import IndexVersion

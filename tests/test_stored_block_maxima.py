@@ -1,4 +1,4 @@
-"""Block maxima stored by the build (``pipelines.postings.write_block_maxima``): the bits
+"""Block maxima stored by the build (``pipelines.lexical.postings.write_block_maxima``): the bits
 serving would compute, read (memory-mapped) instead of computed at the first pruning query,
 and ignored, never trusted, when they were computed for another avgdl or block layout."""
 
@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from funnel.pipelines.postings import BLOCK_FILES, load_block_maxima
-from funnel.pipelines.shard import shard_name
+from funnel.pipelines.lexical.postings import BLOCK_FILES, load_block_maxima
+from funnel.pipelines.lexical.shard import shard_name
 from funnel.serving import kernels
 from funnel.serving.lexical.retriever import _DEFAULT, block_maxima_key
 from funnel.serving.search import open_index
@@ -97,7 +97,7 @@ def test_float64_block_maxima_of_builds_before_issue_50_are_still_read(demo_inde
     import json
     import shutil
 
-    from funnel.pipelines.postings import BLOCK_KEY_FILE
+    from funnel.pipelines.lexical.postings import BLOCK_KEY_FILE
     ix = open_index(demo_index_4)
     b = ix.bm25
     b.prune_min_postings = -1

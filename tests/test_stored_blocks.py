@@ -1,4 +1,4 @@
-"""Stored documents for random access (``pipelines/docstore.py``), end to end: what a hit, a citation and
+"""Stored documents for random access (``pipelines/store/docstore.py``), end to end: what a hit, a citation and
 ``get_document`` read, in place of a 256-row parquet group per document.
 
 Real indexes built with the local engine from a corpus with fields; stores damaged in place
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from fields_corpus import write_corpus
 from test_faults_served_bits import built, root  # noqa: F401 (fixtures: 1,200 documents with fields, 2 shards)
-from funnel.pipelines.artifacts import IndexFormatError, load_manifest, read_current, write_manifest
-from funnel.pipelines.docstore import STORE_BLOCK, store_paths
+from funnel.pipelines.store.artifacts import IndexFormatError, load_manifest, read_current, write_manifest
+from funnel.pipelines.store.docstore import STORE_BLOCK, store_paths
 from funnel.serving.errors import IndexDamaged
 from funnel.serving.search import open_index
 
@@ -149,7 +149,7 @@ def test_a_reindex_keeps_or_writes_the_store(root, tmp_path):
 def test_a_store_gives_back_every_value_it_was_given(tmp_path_factory, docs):
     """Round trip over any documents (none, a block and one, empty titles and texts, any
     Unicode, fields or none): each value comes back as written, a missing fields JSON as None."""
-    from funnel.pipelines.docstore import StoreReader, write_store
+    from funnel.pipelines.store.docstore import StoreReader, write_store
     d = str(tmp_path_factory.mktemp("store"))
     ids, titles, texts, fields = ([x[i] for x in docs] for i in range(4))
     hashes = [f"h{i}" for i in range(len(docs))]

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funnel.pipelines.embed import EmbedBatch, EmbeddingCache, SentenceTransformerProvider, fingerprint_key
-from funnel.pipelines.vectors import (VectorSpool, build_dense_index, build_shard_index, choose_nlist,
+from funnel.pipelines.dense.embed import EmbedBatch, EmbeddingCache, SentenceTransformerProvider, fingerprint_key
+from funnel.pipelines.dense.vectors import (VectorSpool, build_dense_index, build_shard_index, choose_nlist,
                                       default_nprobe, read_index, search_shards, train_quantizer,
                                       write_dense_shard, write_index)
 from funnel.serving.dense import DenseIndex, check_fingerprint
@@ -301,7 +301,7 @@ def test_cache_roundtrip_and_persistence(tmp_path):
 def test_cache_keeps_few_segments_open_and_survives_another_process_compacting(tmp_path, monkeypatch):
     """A build writes a segment per batch; holding every segment memory-mapped (a file
     descriptor each) ran a 1M-document build out of descriptors before its final compact()."""
-    from funnel.pipelines import embed
+    from funnel.pipelines.dense import embed
     monkeypatch.setattr(embed, "OPEN_SEGMENTS", 4)
     rng = np.random.default_rng(3)
     v = rng.standard_normal((60, 8)).astype(np.float32)

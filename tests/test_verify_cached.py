@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from funnel.pipelines import artifacts
-from funnel.pipelines.artifacts import (VERIFIED, IndexFormatError, gc, load_manifest, new_staging_dir, publish,
+from funnel.pipelines.store import artifacts
+from funnel.pipelines.store.artifacts import (VERIFIED, IndexFormatError, gc, load_manifest, new_staging_dir, publish,
                                         read_current)
 from funnel.serving.frontends.cli import main
 from funnel.serving.index import IndexVersion

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from funnel.jobs.build_index import build
-from funnel.pipelines.artifacts import IndexFormatError, load_manifest, write_manifest
-from funnel.pipelines.stats import VOCAB, Vocabulary, load_vocabulary, read_terms, read_vocabulary
+from funnel.pipelines.store.artifacts import IndexFormatError, load_manifest, write_manifest
+from funnel.pipelines.lexical.stats import VOCAB, Vocabulary, load_vocabulary, read_terms, read_vocabulary
 from funnel.serving.search import open_index
 
 from conftest import write_jsonl

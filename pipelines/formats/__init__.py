@@ -3,7 +3,7 @@
 Each reader module has ``read(data: bytes, name: str) -> Document``: the file's bytes in,
 its title, text and type-specific metadata out. A file that cannot be read as a document
 (encrypted, empty, binary, no text layer) raises `UnreadableFile` with the reason,
-which the folder reader (`funnel.pipelines.folder`) turns into a reject.
+which the folder reader (`funnel.pipelines.sources.folder`) turns into a reject.
 
 The registry `READERS` maps a file-name extension to its reader; extensions not in
 it are skipped (and counted) by the folder reader. Readers import their library only when

@@ -1,7 +1,7 @@
 """Answers bounded in characters, whatever the corpus holds.
 
 A build keeps a title or a text up to its field bound (16 MiB by default,
-``pipelines/limits.py``), and a text with no token boundary is one passage as long as the
+``pipelines/sources/limits.py``), and a text with no token boundary is one passage as long as the
 text, so without a bound one search hit could carry megabytes. Every answer is cut here, at
 answer time (indexes built before this bound existed are served the same way), to
 `MAX_ANSWER_CHARS` characters of document text:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from funnel.pipelines.passages import (DEFAULT_ENDPOINT_WINDOW, DEFAULT_OVERLAP, line_span, regex_token_spans,
+from funnel.pipelines.dense.passages import (DEFAULT_ENDPOINT_WINDOW, DEFAULT_OVERLAP, line_span, regex_token_spans,
                                        split_spans)
 
 from ..errors import SearchError

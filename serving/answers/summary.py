@@ -37,7 +37,7 @@ import json
 from bisect import bisect_left
 from typing import Callable, Sequence
 
-from funnel.pipelines.passages import line_span
+from funnel.pipelines.dense.passages import line_span
 
 from .citations import last_visible
 from .context import CHARS_PER_TOKEN, approx_tokens, truncate_to_budget

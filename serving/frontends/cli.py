@@ -414,7 +414,7 @@ def cmd_reindex(a) -> int:
 
 def ensure_index(dataset_dir: str, root: str | None, need_dense: bool, shards: int | None) -> str:
     """Reuse the index at ``root`` (default ``.funnel/indexes/NAME``) or build it from the dataset."""
-    from funnel.pipelines.artifacts import load_manifest, read_current
+    from funnel.pipelines.store.artifacts import load_manifest, read_current
     name = os.path.basename(os.path.normpath(dataset_dir))
     root = root or os.path.join(".funnel", "indexes", name)
     cur = read_current(root)
@@ -435,7 +435,7 @@ def cmd_eval(a) -> int:
 
 def cmd_demo(a) -> int:
     from funnel.jobs.build_index import build
-    from funnel.pipelines.demo import write_demo_corpus
+    from funnel.pipelines.sources.demo import write_demo_corpus
     os.makedirs(a.out, exist_ok=True)
     corpus = os.path.join(a.out, "..", "demo-corpus.jsonl")
     n = write_demo_corpus(corpus)
@@ -455,7 +455,7 @@ def cmd_demo(a) -> int:
 
 
 def cmd_verify(a) -> int:
-    from funnel.pipelines import remote
+    from funnel.pipelines.store import remote
     if remote.is_remote(a.index):  # downloaded afresh, never the local cache's copy
         version, m = remote.verify_remote(a.index)
         print(f"{a.index.rstrip('/')}/{version}: OK ({len(m['files'])} files downloaded and checked, "
@@ -470,7 +470,7 @@ def cmd_verify(a) -> int:
 
 
 def cmd_enrich_report(a) -> int:
-    from funnel.pipelines.artifacts import read_current
+    from funnel.pipelines.store.artifacts import read_current
     from funnel.pipelines.enrich import enrichment_report, format_report
     vdir = a.index
     if not os.path.exists(os.path.join(vdir, "manifest.json")):
@@ -571,8 +571,8 @@ def cmd_list(a) -> int:
 
 
 def cmd_gc(a) -> int:
-    from funnel.pipelines import remote
-    from funnel.pipelines.artifacts import gc
+    from funnel.pipelines.store import remote
+    from funnel.pipelines.store.artifacts import gc
     rep = (remote.gc if remote.is_remote(a.index) else gc)(a.index, keep=a.keep)
     if rep.busy:
         print(f"{a.index}: a build or publish holds the lock; nothing removed, try again later", file=sys.stderr)

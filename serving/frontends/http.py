@@ -67,7 +67,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.store.artifacts import IndexFormatError
 
 from ..answers.citations import MAX_RANGE_CHARS
 from ..documents import MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_PATTERN_CHARS
@@ -103,7 +103,7 @@ MAX_OPTION_DEPTH = 2
 MAX_OPTION_INT = 10**9
 MAX_MODE_CHARS = 64
 #: ``/documents``: the largest character offset taken for ``start`` or ``end``, far past any
-#: stored text (a text is bounded at build time, 16 MiB by default: ``pipelines/limits.py``);
+#: stored text (a text is bounded at build time, 16 MiB by default: ``pipelines/sources/limits.py``);
 #: a larger one is a mistake. Within it, an ``end`` past a text stops at its end.
 MAX_OFFSET = 2**31 - 1
 #: Validation errors listed in one message; the rest are counted.
@@ -524,7 +524,7 @@ def index_status(searcher: Searcher, principal=None) -> dict[str, Any]:
     body, code = health_of(searcher)
     if code != 200:
         return dict(body, dense=False, n_passages=None, fields={}, access_control=None, restricted=None)
-    from funnel.pipelines.fields import ACL_FIELD
+    from funnel.pipelines.sources.fields import ACL_FIELD
 
     from ..dense import shard_entries
     manifest = searcher.index.manifest

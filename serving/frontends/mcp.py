@@ -73,7 +73,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-from funnel.pipelines.artifacts import IndexFormatError
+from funnel.pipelines.store.artifacts import IndexFormatError
 
 from ..answers.citations import MAX_RANGE_CHARS
 from ..documents import DEFAULT_LIST_LIMIT, MAX_FIELD_NAME_CHARS, MAX_FIELD_NAMES, MAX_LIST_LIMIT, MAX_PATTERN_CHARS

@@ -13,7 +13,7 @@ checksum; reads are paced to a byte budget (``rate_mb_s``, MiB/s) so a pass cost
 bounded share of the disk and of one core. ``run_once()`` is one pass, synchronous (tests
 call it directly). On a mismatch, an unreadable, missing or resized file it
 
-1. forgets this host's record of the file (``pipelines.artifacts`` stamps), so the next
+1. forgets this host's record of the file (``pipelines.store.artifacts`` stamps), so the next
    cached open on this host hashes it again and refuses the version, a restart included;
 2. calls ``VersionFollower.quarantine``: searches are refused at once (HTTP 503), then the
    newest older version that passes a full verification is served, with ``/health``
@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from funnel.pipelines.artifacts import MANIFEST, IndexFormatError, load_manifest
+from funnel.pipelines.store.artifacts import MANIFEST, IndexFormatError, load_manifest
 
 from ..index import IndexVersion, VersionFollower, forget_verification
 

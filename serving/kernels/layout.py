@@ -88,7 +88,7 @@ SMALL_SORT = 64
 
 def tf_dtype(shards: list[dict[str, np.ndarray]]) -> np.dtype:
     """The dtype the kernels read every shard's tfs as: the shards' own (uint16 from the
-    build, ``pipelines.postings.narrow_tfs``; int32 from older builds or a shard with a tf
+    build, ``pipelines.lexical.postings.narrow_tfs``; int32 from older builds or a shard with a tf
     above 65,535), widened to hold them all where they differ (that shard is then copied
     into memory by `shard_table` instead of mapped)."""
     return np.result_type(*(np.asarray(a["tfs"]).dtype for a in shards)) if shards else np.dtype(np.int32)

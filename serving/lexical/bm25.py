@@ -219,7 +219,7 @@ class ShardScorer:
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(largest tf, shortest document length) of each local term's postings."""
         if self._max_tf is None or self._min_dl is None:
-            from funnel.pipelines.postings import term_bounds
+            from funnel.pipelines.lexical.postings import term_bounds
             try:
                 self._max_tf, self._min_dl = term_bounds(self.indptr, *self.all_postings(), self.doclen)
             except (IndexError, ValueError) as e:  # the postings do not index the lengths

@@ -2,7 +2,7 @@
 ``funnel build --dense --bm25-passages``.
 
 The build indexes every passage as a document of a second, ordinary BM25 index in the
-version's ``bm25-passages/`` folder (``funnel.pipelines.passage_bm25``). This module wraps
+version's ``bm25-passages/`` folder (``funnel.pipelines.lexical.passage_bm25``). This module wraps
 an ordinary `BM25Retriever` over that index and answers as the
 whole-document retriever does (same methods, the parent's docnos and doc ids), so bm25,
 hybrid and sira use it unchanged when ``VersionSearcher`` puts it in place of ``bm25``:
@@ -34,8 +34,8 @@ from collections import Counter
 
 import numpy as np
 
-from funnel.pipelines.artifacts import IndexFormatError
-from funnel.pipelines.passage_bm25 import parse_passage_ids
+from funnel.pipelines.store.artifacts import IndexFormatError
+from funnel.pipelines.lexical.passage_bm25 import parse_passage_ids
 
 from .. import filters
 from .bm25 import BM25Params

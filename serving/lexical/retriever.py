@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...pipelines.postings import BLOCK_FILES
+from ...pipelines.lexical.postings import BLOCK_FILES
 from .. import filters
 from .bm25 import BM25Params, denominator_table, idf_lucene, term_impacts
 from ..errors import IndexDamaged, ShardFault
@@ -118,14 +118,14 @@ def impacts_key(avgdl: float) -> dict:
 
 def default_impacts(docs, tfs, norms, avgdl: float) -> np.ndarray:
     """``kernels.posting_levels`` of one shard for the default parameters, as the build
-    stores them (``pipelines.postings.write_impacts``)."""
+    stores them (``pipelines.lexical.postings.write_impacts``)."""
     den, itab = impact_tables(_DEFAULT, avgdl, 255)
     return kernels.posting_levels(docs, tfs, norms, den, itab)
 
 
 def default_block_maxima(indptr, docs, tfs, norms, avgdl: float) -> tuple[np.ndarray, ...]:
     """``kernels.block_maxima`` of one shard for the default parameters, as serving computes
-    them (the build stores these; see ``pipelines.postings.finalize_shard``)."""
+    them (the build stores these; see ``pipelines.lexical.postings.finalize_shard``)."""
     den, itab = impact_tables(_DEFAULT, avgdl, 255)
     return kernels.block_maxima(indptr, docs, tfs, norms, den, itab, kernels.BLOCK)
 

@@ -376,7 +376,7 @@ def _retire(root: str, keep: int, protect: set[str]) -> list[str]:
 def format_version_of(folder: str) -> int:
     """The format a version folder is published as: ``PACKED_FORMAT_VERSION`` where any
     shard's postings are packed, else ``FORMAT_VERSION``."""
-    from .postings import is_packed  # postings imports this module
+    from ..lexical.postings import is_packed  # postings imports this module
     lex = os.path.join(folder, "lexical")
     names = os.listdir(lex) if os.path.isdir(lex) else []
     packed = any(is_packed(os.path.join(lex, n)) for n in names if n.startswith("shard-"))

@@ -15,7 +15,7 @@ Layout of ``dense/``::
     emb-NNNN.npy   float32 (n, dim)     ids-NNNN.npy   int64 docnos (shard << 32 | local_id)
     quantizer.faiss (trained, empty)    ivf-NNNN.faiss (one per shard; Flat ones too)
 
-With passages (``pipelines.passages``) a row is a passage: a document has as many rows as
+With passages (``pipelines.dense.passages``) a row is a passage: a document has as many rows as
 passages, all under its docno (FAISS ids stay document numbers: a document filter and every
 reader of ids work unchanged), in (local id, ordinal) order, and ``../passages/shard-NNNN.parquet``
 holds each row's (local_id, ordinal, char_start, char_end) in the same order
@@ -36,7 +36,7 @@ import uuid
 import faiss
 import numpy as np
 
-from .artifacts import save_npy_atomic
+from ..store.artifacts import save_npy_atomic
 
 log = logging.getLogger(__name__)
 

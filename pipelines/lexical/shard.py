@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import Analyzer, AnalyzerConfig
-from .artifacts import DOCS_ROW_GROUP
-from .docstore import write_store_table
+from ..store.artifacts import DOCS_ROW_GROUP
+from ..store.docstore import write_store_table
 from .postings import PostingsBuilder
 
 #: Documents analyzed between two ``progress`` calls of `build_lexical_shard`.
@@ -111,7 +111,7 @@ def write_shard_docs(rows: dict | pa.Table, shard: int, out_dir: str, work_dir: 
         "local_id": pa.array(np.arange(len(keep), dtype=np.int32)),
     })
     if "fields" in table.column_names and table.column("fields").null_count < len(keep):
-        out = out.append_column("fields", table.column("fields").cast(pa.string()))  # kept fields (pipelines.fields)
+        out = out.append_column("fields", table.column("fields").cast(pa.string()))  # kept fields (pipelines.sources.fields)
     del table
     name = shard_name(shard)
     os.makedirs(os.path.join(out_dir, "docs"), exist_ok=True)

@@ -76,7 +76,7 @@ def passage_table(shard: int, docs: dict, passages: dict):
         The shard's documents: ``local_id``, ``title``, ``text`` (``docs/shard-NNNN.parquet``).
     passages : dict
         Its passages: ``local_id``, ``ordinal``, ``char_start``, ``char_end``
-        (``pipelines.passages.read_passages``).
+        (``pipelines.dense.passages.read_passages``).
     """
     import pyarrow as pa
     row_of = {int(local): i for i, local in enumerate(np.asarray(docs["local_id"]).tolist())}

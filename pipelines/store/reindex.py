@@ -12,7 +12,7 @@ whose ``content_hash`` matches the live version keeps its term counts and length
 back from the live postings; only new and changed documents are analyzed. A document whose
 text is unchanged but whose fields (an ACL, a label) differ keeps its postings and vectors too:
 only its stored row is rewritten, and the field columns after it. The postings
-are then re-sorted exactly as `funnel.pipelines.postings.build_postings` sorts
+are then re-sorted exactly as `funnel.pipelines.lexical.postings.build_postings` sorts
 them (terms in code point order, doc ids ascending within a term). A shard whose
 documents are all unchanged and in the same order is copied as it is.
 
@@ -37,12 +37,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .analysis import Analyzer, AnalyzerConfig
+from ..lexical.analysis import Analyzer, AnalyzerConfig
 from .artifacts import DOCS_ROW_GROUP
 from .docstore import store_paths, write_store_table
-from .corpus import Chunk, CorpusSpec, read_chunk, shard_of
-from .postings import ShardPostings, add_document, load_shard, narrow_tfs, posting_files, write_shard
-from .shard import corpus_fingerprint_part, shard_name
+from ..sources.corpus import Chunk, CorpusSpec, read_chunk, shard_of
+from ..lexical.postings import ShardPostings, add_document, load_shard, narrow_tfs, posting_files, write_shard
+from ..lexical.shard import corpus_fingerprint_part, shard_name
 
 ROW_COLUMNS = ("doc_id", "title", "text", "content_hash", "chunk", "line", "fields")
 _ROW_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()),
@@ -94,7 +94,7 @@ def read_spilled_rows(work_dir: str, shard: int) -> pa.Table:
 def dedupe_rows(rows: dict[str, Sequence] | pa.Table) -> tuple[list[int], list[dict]]:
     """Row positions to keep, in corpus order (chunk, line), and the duplicate-id rejects.
 
-    The first occurrence of an id wins, as in `funnel.pipelines.shard.build_lexical_shard`;
+    The first occurrence of an id wins, as in `funnel.pipelines.lexical.shard.build_lexical_shard`;
     the rejects have its format (``first`` = where the kept copy is).
     """
     if isinstance(rows, pa.Table):
@@ -128,7 +128,7 @@ def diff_documents(new_ids: Sequence[str], new_hashes: Sequence[str], old_ids: S
     """Match a shard's new documents against its live ones by id, content hash and fields.
 
     ``content_hash`` covers the title and text only; a document's fields (ACL included) are
-    compared as their canonical JSON (`funnel.pipelines.fields.encode_fields` sorts
+    compared as their canonical JSON (`funnel.pipelines.sources.fields.encode_fields` sorts
     keys and fixes separators, so equal fields are equal strings). A document whose text is
     the same but whose fields differ keeps its postings and vectors (it is in ``reuse``) and
     is counted as ``fields_changed``: only its stored row and the field columns change.
@@ -373,7 +373,7 @@ def reindex_shard(shard: int, work_dir: str, live_dir: str, out_dir: str, analyz
         tokens = [analyzer.analyze(f"{t}\n{x}" if t else x) for t, x in zip(new["title"], new["text"])]
         old_terms = np.asarray(pq.read_table(os.path.join(src, "terms.parquet"), columns=["term"])
                                .column("term").to_pylist(), dtype=object)
-        old = load_shard(src, with_bounds=False)  # a packed shard's postings decoded (pipelines.postings)
+        old = load_shard(src, with_bounds=False)  # a packed shard's postings decoded (pipelines.lexical.postings)
         post = merge_postings(old_terms, old, reuse, len(doc_ids), fresh, tokens)
         write_shard(dst, post)
         write_docs_table(out_dir, shard, rows)
@@ -423,7 +423,7 @@ def _stage_passages(shard: int, work_dir: str, live_dir: str, reuse: np.ndarray,
     and spans, renumbered to their new local ids) go to ``dense/ppart-NNNN``; the rest to
     ``delta/``, to be split and embedded (an edited document's unchanged passages then come
     from the embedding cache, keyed by passage content)."""
-    from .passages import doc_pointers, read_passages
+    from ..dense.passages import doc_pointers, read_passages
     n = rows.num_rows
     need = np.ones(n, dtype=bool)
     reused = 0
@@ -457,7 +457,7 @@ def assemble_passages(work_dir: str, shard: int, n_docs: int, dim: int, delta_di
     plus those embedded into ``delta_dir`` (``emb-/ids-NNNN.npy`` and
     ``passages/shard-NNNN.parquet``, as ``write_passage_shard`` wrote them), for
     ``write_passage_shard``. Raises RuntimeError when a document has no passage."""
-    from .passages import read_passages
+    from ..dense.passages import read_passages
     vecs, meta = [np.zeros((0, dim), np.float32)], [np.zeros((0, 4), np.int64)]
     p = os.path.join(work_dir, "dense", f"ppart-{shard:04d}.npy")
     if os.path.exists(p):

@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .artifacts import save_npy_atomic
+from ..store.artifacts import save_npy_atomic
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import pyarrow.fs as pafs
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "beir", "jsonl", "parquet", "files")  # files: a folder of documents (pipelines.folder)
+FORMATS = ("auto", "beir", "jsonl", "parquet", "files")  # files: a folder of documents (pipelines.sources.folder)
 DEFAULT_ID_FIELDS = ("_id", "id", "docid", "doc_id")
 
 from .limits import DEFAULT_MAX_DEPTH, DEFAULT_MAX_FIELD_BYTES, DEFAULT_MAX_ROW_BYTES, MAX_DEPTH_CAP  # noqa: F401
@@ -68,8 +68,8 @@ class CorpusSpec:
     is a reject naming the field and the limit).
 
     ``include``, ``exclude`` (``.gitignore`` patterns) and ``follow_links`` say which files of
-    a folder of documents are read (`funnel.pipelines.selection`,
-    `funnel.pipelines.walk`); they are recorded in the manifest with the rest of the
+    a folder of documents are read (`funnel.pipelines.sources.selection`,
+    `funnel.pipelines.sources.walk`); they are recorded in the manifest with the rest of the
     spec, so a reindex lists the folder as its build did.
     """
 
@@ -81,7 +81,7 @@ class CorpusSpec:
     max_depth: int = DEFAULT_MAX_DEPTH
     max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-    #: Filterable fields declared at build, {name: type} (``pipelines.fields``); None: inferred.
+    #: Filterable fields declared at build, {name: type} (``pipelines.sources.fields``); None: inferred.
     fields: dict | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -119,7 +119,7 @@ class Chunk:
 
     index: int
     path: str
-    kind: str  # "jsonl" | "parquet" | "files" (files start:end of a folder's listing; pipelines.folder)
+    kind: str  # "jsonl" | "parquet" | "files" (files start:end of a folder's listing; pipelines.sources.folder)
     start: int = 0          # JSONL: byte offsets, in the decompressed text of a compressed file
     end: int = 0
     row_group: int = 0
@@ -203,7 +203,7 @@ def single_file_format(fs: pafs.FileSystem, path: str) -> str:
     ``jsonl`` (also compressed, or a ``.txt`` of JSON objects), or ``files`` for one document
     (Markdown, text, HTML, PDF: a folder of one). A `CorpusError` for a file that is
     none of them, naming what is read."""
-    from .formats import READERS, extension, readable
+    from ..formats import READERS, extension, readable
     name = path.rsplit("/", 1)[-1].lower()
     if name.endswith(".parquet"):
         return "parquet"
@@ -247,7 +247,7 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
             # A folder of documents often holds a stray package.json or manifest.json: under
             # auto only .jsonl files make a JSONL corpus, and a folder that mixes data files
             # with documents is ambiguous, so it names both and asks for --format.
-            from .formats import readable
+            from ..formats import readable
             jl_files = [f for f in jl_files if ".jsonl" in f.rsplit("/", 1)[-1]]
             docs = [f for f in files if readable(f)
                     and not any(part.startswith(".") for part in f[len(root):].split("/"))]
@@ -260,7 +260,7 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
             return fs, pq_files, "parquet"
         if fmt in ("auto", "jsonl") and jl_files:
             return fs, jl_files, "jsonl"
-        if fmt in ("auto", "files"):  # a folder of Markdown, text, HTML, PDF files: pipelines.folder
+        if fmt in ("auto", "files"):  # a folder of Markdown, text, HTML, PDF files: pipelines.sources.folder
             from .folder import resolve_folder
             return fs, resolve_folder(fs, root, spec.path, spec), "files"
         raise ValueError(
@@ -272,7 +272,7 @@ def resolve_files(spec: CorpusSpec) -> tuple[pafs.FileSystem, list[str], str]:
         fmt = "jsonl"
     if fmt == "files":  # one document (manual.pdf, notes.md): a folder of one, its name its id
         from .folder import resolve_folder
-        from .formats import READERS, readable
+        from ..formats import READERS, readable
         if not readable(root):
             raise CorpusError(f"--format files reads documents ({', '.join(sorted(READERS))}), and {spec.path!r} is "
                               "none of them: pass a folder of documents, or a document file")
@@ -597,7 +597,7 @@ def read_chunk(chunk: Chunk, spec: CorpusSpec) -> ChunkResult:
         with fs.open_input_file(chunk.path) as f:
             pf = pq.ParquetFile(f)
             # The columns a document is made of, and the others whose type a field can hold
-            # (pipelines.fields): no column of another type is converted.
+            # (pipelines.sources.fields): no column of another type is converted.
             from .fields import parquet_field_columns
             table = pf.read_row_group(chunk.row_group, columns=parquet_columns(pf.schema_arrow, spec)
                                       + parquet_field_columns(pf.schema_arrow, parquet_columns(pf.schema_arrow, spec)))

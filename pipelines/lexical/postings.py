@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .analysis import WORD_CACHE_SIZE
-from .artifacts import save_npy_atomic, save_npy_streamed, write_json_atomic
+from ..store.artifacts import save_npy_atomic, save_npy_streamed, write_json_atomic
 
 POSTING_FILES = ("indptr.npy", "docs.npy", "tfs.npy", "doclen.npy")
 #: The posting files a packed shard holds in packed form instead (`pack_shard`).

@@ -2,7 +2,7 @@
 relative to the folder (POSIX separators), local or remote (``s3://...``, through the same
 pyarrow filesystems as the other corpora).
 
-The build reads a folder through the corpus's chunk interface (`funnel.pipelines.corpus`
+The build reads a folder through the corpus's chunk interface (`funnel.pipelines.sources.corpus`
 dispatches here), so both engines, the reindex and the Spark statistics read folders as
 they read JSONL: `plan_file_chunks` lists the folder once and cuts its readable files,
 in path order, into chunks of about ``target_bytes``; `read_file_chunk` reads one
@@ -23,14 +23,14 @@ What becomes of each file:
 - a hidden file or folder (a name starting with a dot: ``.git``, ``.venv``): skipped and
   counted apart, a folder once, however much it holds;
 - a file or folder that ``--include``, ``--exclude`` or the folder's ``.funnelignore`` leave
-  out (`funnel.pipelines.selection`): skipped and counted as ``excluded``;
+  out (`funnel.pipelines.sources.selection`): skipped and counted as ``excluded``;
 - a symbolic link: read only where it stays inside the folder (``--follow-links`` reads
   the others), a broken one or one that leaves the folder is a reject naming it; a file
-  name that is not UTF-8 is a reject naming it escaped (`funnel.pipelines.walk`).
+  name that is not UTF-8 is a reject naming it escaped (`funnel.pipelines.sources.walk`).
 
 A single document file (``--corpus manual.pdf``) is a folder of one: its id is its name.
 
-Every row keeps its file's facts as its ``fields`` (`funnel.pipelines.fields`, stored
+Every row keeps its file's facts as its ``fields`` (`funnel.pipelines.sources.fields`, stored
 with the document; `file_fields`): ``path``, ``size``, ``mtime`` (UTC, ISO 8601),
 ``format``, what its reader adds (heading offsets, PDF page count and page starts) and a
 Markdown file's front matter keys. ``content_hash`` is of the title and text, so a reindex
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow.fs as pafs
 
-from . import formats
+from .. import formats
 from .corpus import Chunk, ChunkResult, CorpusSpec, _filesystem, validate_record
 from .fields import MAX_FIELDS_BYTES
 from .selection import Rules, rules_for
@@ -268,7 +268,7 @@ def read_file(fs: pafs.FileSystem, entry: Entry, spec: CorpusSpec) -> tuple[dict
     declared fields), its fields being `file_fields`."""
     if entry.size > MAX_FILE_BYTES:
         return None, (f"file of {_size(entry.size)} is over the {_size(MAX_FILE_BYTES)} bound of one document "
-                      "(funnel.pipelines.folder.MAX_FILE_BYTES); split it")
+                      "(funnel.pipelines.sources.folder.MAX_FILE_BYTES); split it")
     try:
         data = _read_bytes(fs, entry.path, MAX_FILE_BYTES + 1)
     except OSError as e:
@@ -304,7 +304,7 @@ def _read_bytes(fs: pafs.FileSystem, path: str, limit: int) -> bytes:
 
 
 def file_fields(entry: Entry, reader: formats.Reader, doc: formats.Document) -> dict:
-    """A file's fields (`funnel.pipelines.fields`): its front matter's keys, then its
+    """A file's fields (`funnel.pipelines.sources.fields`): its front matter's keys, then its
     path, size, mtime, format and what its reader found (headings, page starts).
 
     A front matter key that one of those (or ``_id``, ``title``, ``text``) takes is kept as

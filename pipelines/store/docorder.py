@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .artifacts import save_arrow_atomic
-from .shard import shard_name
+from ..lexical.shard import shard_name
 
 #: Under the version folder: columns doc_id (string) and rank (int64), one row per
 #: document in docno order (shard by shard, each in its parquet file's order).

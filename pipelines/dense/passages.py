@@ -500,7 +500,7 @@ def write_passages(path: str, local_ids, ordinals, starts, ends) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .artifacts import DOCS_ROW_GROUP
+    from ..store.artifacts import DOCS_ROW_GROUP
     cols = {"local_id": pa.array(np.asarray(local_ids, dtype=np.int32)),
             "ordinal": pa.array(np.asarray(ordinals, dtype=np.int32)),
             "char_start": pa.array(np.asarray(starts, dtype=np.int64)),

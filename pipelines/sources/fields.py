@@ -356,7 +356,7 @@ def write_shard_columns(out_dir: str, schema: dict[str, str], fields_json: list[
     """Write every schema field's column for one shard (``fields_json`` in local-id order);
     returns how many values were kept. A value that does not fit its type (possible only
     under inference where a shard disagrees, which `infer_schema` rules out) is absent."""
-    from .artifacts import save_npy_atomic, write_json_atomic
+    from ..store.artifacts import save_npy_atomic, write_json_atomic
     os.makedirs(out_dir, exist_ok=True)
     rows = [json.loads(t) if t else {} for t in fields_json]
     kept = 0

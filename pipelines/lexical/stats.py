@@ -112,7 +112,7 @@ def write_vocabulary(version_dir: str, terms, df: np.ndarray, cf: np.ndarray) ->
     """Write `VOCAB` (the terms table of ``load_vocabulary``) into ``version_dir`` before
     it is published (``artifacts.save_arrow_atomic``)."""
     import pyarrow as pa
-    from .artifacts import save_arrow_atomic
+    from ..store.artifacts import save_arrow_atomic
     save_arrow_atomic(os.path.join(version_dir, VOCAB), pa.table(
         [pa.array(list(terms), pa.string()), pa.array(np.asarray(df, np.int64)), pa.array(np.asarray(cf, np.int64))],
         schema=_vocab_schema()))
@@ -135,7 +135,7 @@ def read_terms(version_dir: str, n_terms: int | None = None):
     if not os.path.exists(path):
         terms, df, cf = load_vocabulary(os.path.join(version_dir, "stats.duckdb"))
         return pa.array(terms.tolist(), pa.string()), df, cf
-    from .docorder import int64_column
+    from ..store.docorder import int64_column
     try:
         table = pa.ipc.open_file(pa.memory_map(path)).read_all()
         # The IPC reader checks buffer sizes, not string offsets: a damaged offset would make
