@@ -41,7 +41,7 @@ class IndexDamaged(IndexFormatError):
 class ShardFault(Exception):
     """Internal: an impossible value in one shard's ``file`` (relative to the version folder,
     or to the shard's folder where the raiser does not know the shard), and ``reason``.
-    ``lexical.BM25Retriever`` turns it into `IndexDamaged`; it never reaches a caller."""
+    ``lexical.retriever.BM25Retriever`` turns it into `IndexDamaged`; it never reaches a caller."""
 
     def __init__(self, file: str, reason: str):
         super().__init__(f"{file} {reason}")

@@ -12,7 +12,7 @@ or stored impact (above 0), since a zero impact would list a document twice and 
 list past its end. One unsigned compare per posting, hoisted per term where it can be. A
 kernel that meets an impossible value stops and returns a fault code (``shard << 8 |
 FAULT_*``, ``layout.py``; 0 when sound) instead of raising inside numba; the caller
-(``lexical.BM25Retriever``) turns it into ``errors.IndexDamaged`` naming the file. Length
+(``lexical.retriever.BM25Retriever``) turns it into ``errors.IndexDamaged`` naming the file. Length
 codes and per-term minimum lengths are private in-memory copies checked when made
 (``bm25.ShardScorer``), so they need no compare. The touched lists assume positive weights;
 a query with a non-positive one is read back by a scan of the accumulator instead

@@ -5,7 +5,7 @@ Per posting the kernels compute Lucene's ``tf / (tf + denom[norm])`` from a smal
 table of length denominators (256 entries for Lucene's one-byte norms), as Lucene's own BM25
 does, so a large index needs no per-posting impact array and every (k1, b) costs the same;
 small tfs read it from a precomputed grid (`_impact`, `_impact_u`: the same float64
-expression, so the same bits). A small index (at most ``lexical.IMPACT_POSTINGS`` postings)
+expression, so the same bits). A small index (at most ``lexical.retriever.IMPACT_POSTINGS`` postings)
 does keep one (`posting_impacts`, the same float64 values): the exhaustive paths then read
 one number per posting instead of a tf, a length code and a grid cell. A larger index has
 the build's impacts for the default (k1, b) quantized to 16-bit levels (`posting_levels`,

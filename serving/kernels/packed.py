@@ -185,7 +185,7 @@ def _unpack_range(words, boff, first, width, b, a, e, n_docs, max_tf, odocs, otf
 
 
 def level_grid(itab: np.ndarray) -> np.ndarray:
-    """Each cell of an impact grid (``lexical.impact_tables``) as its ``IMPACT_DTYPE`` level
+    """Each cell of an impact grid (``lexical.retriever.impact_tables``) as its ``IMPACT_DTYPE`` level
     (``decode._quantize``): `unpack_terms_levels` looks small tfs' levels up here."""
     return _levels_of(np.ascontiguousarray(itab, dtype=np.float64), np.empty(len(itab), dtype=IMPACT_DTYPE))
 
@@ -356,7 +356,7 @@ def accumulate_packed(words, boff, first, width, tblock, ends, info, code, table
     words; a batch of 100 long questions 6-7% faster (``bench/RESULTS.md``).
     Every id is checked below the shard's size before it is added, so a damaged block
     never writes outside ``acc``; a tf too large is found at the block's end, and the
-    caller zeroes what a fault leaves in ``acc`` (``lexical.fault_error``)."""
+    caller zeroes what a fault leaves in ``acc`` (``lexical.retriever.BM25Retriever.fault_error``)."""
     max_tf = np.uint64(info[0])
     um = np.uint64(m)
     und = np.uint64(acc.shape[0])

@@ -198,7 +198,7 @@ class PackedShard:
 
     def keep_levels(self, code: np.ndarray, table: np.ndarray, itab: np.ndarray) -> None:
         """From now on, give every decoded term its postings' impact levels too (``code``,
-        ``table``, ``itab``: the default parameters', as ``lexical.default_impacts`` takes
+        ``table``, ``itab``: the default parameters', as ``lexical.retriever.default_impacts`` takes
         them), starting with the terms decoded already (the caller holds the cache's lock)."""
         self.levels = (code, table, itab, self._codec.level_grid(itab))
         # Again, with their levels (once): the same ids and tfs over themselves, so a kernel
